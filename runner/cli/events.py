@@ -19,6 +19,7 @@ from runner.cli.root import (
     read_payload,
     redis_errors,
     refusal,
+    said_damaged,
     said_down,
     shards_down,
     table,
@@ -72,12 +73,14 @@ def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) 
     """The recent events, newest first, with the jobs each started and the waiting jobs
     (ctx.wait_for_event) each resumed."""
     from runner.client import Client
+    from runner.store import damage
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
+    damaged: list[damage.Damaged] = []
     with redis_errors():
         gone = shards_down(rt)  # a Cluster master down: the live partitions' events, then exit 3
         try:
-            out = Client(rt).events(limit=limit, name=name)
+            out = Client(rt).events(limit=limit, name=name, damaged=damaged)
         except RedisUnavailable:
             raise
         except RunnerError as exc:
@@ -86,10 +89,14 @@ def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) 
              e.get("name"), str(e.get("waiters_resumed", 0)),
              " ".join(str(j.get("id") if isinstance(j, dict) else j) for j in _listed(e.get("jobs"))) or "-")
             for e in out]
-    emit({"events": out, **down_view(gone)}, as_json,
-         table(("at (UTC)", "id", "name", "resumed", "jobs"), rows) if rows else "no events")
+    views = damage.views(damaged)
+    if as_json or rows or not views:  # (none read from a damaged list: only what to do)
+        emit({"events": out, **down_view(gone), **views}, as_json,
+             table(("at (UTC)", "id", "name", "resumed", "jobs"), rows) if rows else "no events")
     if gone:
         said_down(gone)
+    if views:  # (a partition's list of another Redis type: what to do, exit 1)
+        said_damaged(views["damaged_keys"])
 
 
 def _listed(jobs: Any) -> list[Any]:

@@ -185,7 +185,10 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
                 report.problems.extend(checks.Problem("partitions", m, "warning")
                                        for m in (c.message() for c in report.partitions) if m)
             with _unless_down(gone, report, "the workers' roster was not read (their code versions)"):
-                report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
+                damaged: list[Any] = []
+                report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix, damaged=damaged)))
+                report.problems.extend(checks.Problem("deploy gate", f"the workers' code versions were not read: "
+                                                      f"{d.detail}", "warning") for d in damaged)
             sleepers, short = steps.suspended(rt.redis, every)
             report.problems.extend(checks.drift(reg, sleepers))
             report.problems.extend(checks.Problem("deploy gate", (

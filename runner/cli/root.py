@@ -164,6 +164,12 @@ def said_down(gone: Sequence[Any]) -> NoReturn:
     fail(f"not shown: {down_text(gone)}", EXIT_REDIS)
 
 
+def said_damaged(views: Sequence[dict[str, Any]]) -> NoReturn:
+    """After a reading command's output: name each key it could not read, of another Redis
+    type (store/damage.py: what it holds and what to do), and exit 1."""
+    fail("\n".join(f"not shown: {d['detail']}" for d in views), EXIT_REFUSED)
+
+
 def password_said(exc: BaseException, where: Target | None) -> str | None:
     """What every command says when the server turned the password down (the words of
     errors.password_problem), or None for any other failure."""

@@ -23,6 +23,7 @@ from runner.cli.root import (
     emit,
     fail,
     redis_errors,
+    said_damaged,
     shards_down,
 )
 from runner.errors import JobNotFound, RedisUnavailable, RunnerError
@@ -60,13 +61,16 @@ def logs(ctx: click.Context, job_id: str, follow: bool, timeout_s: float | None,
     client = Client(rt)
     with redis_errors():
         gone = shards_down(rt)  # a Cluster master down or stalled: looked for on the live ones
+        damaged: list[dict[str, Any]] = []
         try:
             if not follow:
                 got = client.logs(job_id)
-                emit(got, as_json, "\n".join(shown(x) for x in got["lines"]) if got["lines"] else
-                     f"(job {job_id} has logged nothing; status {got['status']})")
+                damaged = got.get("damaged_keys", [])
+                if as_json or got["lines"] or not damaged:
+                    emit(got, as_json, "\n".join(shown(x) for x in got["lines"]) if got["lines"] else
+                         f"(job {job_id} has logged nothing; status {got['status']})")
             else:
-                for line in client.follow_logs(job_id, timeout_s=timeout_s):
+                for line in client.follow_logs(job_id, timeout_s=timeout_s, damaged=damaged):
                     emit(line, as_json, shown(line))
                     sys.stdout.flush()
         except RedisUnavailable:
@@ -79,4 +83,6 @@ def logs(ctx: click.Context, job_id: str, follow: bool, timeout_s: float | None,
             fail(refused_text(exc), EXIT_REFUSED)
         finally:
             rt.close()
+    if damaged:  # (a log key of another type: what was read is shown, then what to do)
+        said_damaged(damaged)
     sys.exit(EXIT_OK)

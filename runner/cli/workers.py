@@ -14,6 +14,7 @@ from runner.cli.root import (
     down_view,
     emit,
     redis_errors,
+    said_damaged,
     said_down,
     shards_down,
     table,
@@ -42,11 +43,17 @@ def _human(rows: list[dict[str, Any]]) -> str:
 def workers(ctx: click.Context, as_json: bool) -> None:
     """The workers alive now, and the jobs each runs (as of its last heartbeat, UTC)."""
     from runner.client import Client
+    from runner.store import damage
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
+    damaged: list[damage.Damaged] = []
     with redis_errors():
         gone = shards_down(rt)  # a Cluster master down: named after the list (exit 3)
-        rows = Client(rt).workers()
-    emit({"workers": rows, **down_view(gone)}, as_json, _human(rows))
+        rows = Client(rt).workers(damaged)
+    views = damage.views(damaged)
+    if as_json or rows or not views:  # (none read from a damaged roster: only what to do)
+        emit({"workers": rows, **down_view(gone), **views}, as_json, _human(rows))
     if gone:
         said_down(gone)
+    if views:  # (a roster of another Redis type: what to do, exit 1)
+        said_damaged(views["damaged_keys"])

@@ -36,7 +36,7 @@ from runner.errors import (
     ValidationFailed,
 )
 from runner.observe import tracing
-from runner.store import codec, emitted, listeners, records
+from runner.store import codec, damage, emitted, listeners, records
 from runner.store.connection import UNAVAILABLE, reachable
 from runner.store.scripts import job_entry
 
@@ -235,15 +235,17 @@ def _held_elsewhere(client: Client, home: QueueKeys, name: str, key: str, data_h
     return Emitted(str(record["id"]), name, list(record.get("jobs", [])), True, int(record.get("at_ms", 0)))
 
 
-def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[dict[str, Any]]:
+def events(client: Client, *, limit: int = 50, name: str | None = None,
+           damaged: list[damage.Damaged] | None = None) -> list[dict[str, Any]]:
     """The newest ``limit`` events (at most MAX_LIST), of ``name`` only when given, newest
-    first, each with the jobs it started."""
+    first, each with the jobs it started. A partition's list of another Redis type reads
+    as none, named in ``damaged`` (store/damage.py)."""
     if name is not None:
         check_name(name)
     rt = client.runtime
     homes = [k for parts in rt.parts.values() for k in parts]
     with reachable():
-        out = emitted.recent(rt.redis, homes, max(1, min(limit, MAX_LIST)), name)
+        out = emitted.recent(rt.redis, homes, max(1, min(limit, MAX_LIST)), name, damaged)
         counts = listeners.woke(rt.redis, rt.config.redis.prefix,
                                 [(str(e.get("name")), str(e.get("id"))) for e in out])
     for e, n in zip(out, counts, strict=True):

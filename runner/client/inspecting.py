@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.errors import GroupNotFound, JobNotFound, RunnerError, UnknownQueue
 from runner.observe import figures
-from runner.store import admin, connection, keys, listing, records, refusals, roster, routing
+from runner.store import admin, connection, damage, keys, listing, records, refusals, roster, routing
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
 from runner.store.connection import UNAVAILABLE, reachable
@@ -185,12 +185,13 @@ def by_idempotency_key(client: Client, key: str, *, type: str | None = None) -> 
     return out
 
 
-def workers(client: Client) -> list[dict[str, Any]]:
+def workers(client: Client, damaged: list[damage.Damaged] | None = None) -> list[dict[str, Any]]:
     """The worker processes alive now, oldest first, each with what it serves and the
-    jobs its handlers run (as of its last heartbeat, store/roster.py)."""
+    jobs its handlers run (as of its last heartbeat, store/roster.py). A roster of
+    another Redis type lists none, named in ``damaged`` (store/damage.py)."""
     rt = client.runtime
     with reachable():
-        return [m.view() for m in roster.read(rt.redis, rt.config.redis.prefix)]
+        return [m.view() for m in roster.read(rt.redis, rt.config.redis.prefix, damaged=damaged)]
 
 
 def paused(client: Client) -> dict[str, dict[str, Any]]:
@@ -375,17 +376,21 @@ def then_of(client: Client, group_id: str) -> str:
     return group_state(client, group_id).then[1]
 
 
-def audit(client: Client, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
+def audit(client: Client, offset: int = 0, limit: int = 50, damaged: list[damage.Damaged] | None = None
+          ) -> tuple[int, list[dict[str, Any]]]:
     """Who did what, newest first: (entries held, one page). The trail is capped
-    (store/audit.py MAX_ENTRIES); the log keeps every entry."""
+    (store/audit.py MAX_ENTRIES); the log keeps every entry. A trail of another Redis type
+    reads as empty, named in ``damaged`` (store/damage.py)."""
     with reachable():
-        return audit_log.read(client.runtime.redis, keys.audit(client.runtime.config.redis.prefix), offset, limit)
+        return audit_log.read(client.runtime.redis, keys.audit(client.runtime.config.redis.prefix), offset, limit,
+                              damaged)
 
 
 def audit_page(client: Client, limit: int = 50, cursor: str | None = None) -> audit_log.Page:
     """Who did what, newest first: one page and the cursor of the next (None: the last
     page), which goes on after the last entry shown however many actions land meanwhile
-    (store/audit.py read_after). ValueError for a cursor it did not make."""
+    (store/audit.py read_after); a trail of another Redis type reads as empty, named in
+    the page's ``damaged``. ValueError for a cursor it did not make."""
     with reachable():
         return audit_log.read_after(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix), limit,
                                     cursor)

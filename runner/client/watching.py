@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runner.client.inspecting import find
 from runner.errors import RedisUnavailable
-from runner.store import joblogs, records
+from runner.store import damage, joblogs, records
 from runner.store.connection import reachable
 from runner.store.keys import QueueKeys
 
@@ -27,12 +27,15 @@ AWAY_POLL_S = 2.0
 
 def logs(client: Client, job_id: str, after: int | None = None) -> dict[str, Any]:
     """{"id", "status", "lines": [{"n", "ts", "level", "src", "msg"}, ...]}, oldest line
-    first; ``after``: only the lines after the one numbered so (lines_after). Raises
-    JobNotFound when the job is unknown (or its retention has passed)."""
+    first; ``after``: only the lines after the one numbered so (lines_after); and
+    "damaged_keys" when the log's key holds another Redis type (no line read: see
+    store/damage.py). Raises JobNotFound when the job is unknown (or its retention has
+    passed)."""
     k, fields = find(client, job_id)
+    damaged: list[damage.Damaged] = []
     with reachable():
-        lines = joblogs.read(client.runtime.redis, k, job_id)
-    return {"id": job_id, "status": fields.get("status"), "lines": lines_after(lines, after)}
+        lines = joblogs.read(client.runtime.redis, k, job_id, damaged)
+    return {"id": job_id, "status": fields.get("status"), "lines": lines_after(lines, after), **damage.views(damaged)}
 
 
 def lines_after(lines: list[dict[str, Any]], after: int | None) -> list[dict[str, Any]]:
@@ -61,6 +64,7 @@ def logs_if_changed(client: Client, job_id: str, mark: Mark | None) -> tuple[dic
     reads a poll (the status is at most that many polls late: the lines never are)."""
     k, fields, polls = _where(client, job_id, mark)
     redis = client.runtime.redis
+    damaged: list[damage.Damaged] = []
     with reachable():
         now = joblogs.probe(redis, k.log(job_id))
         if mark is not None and (now != mark.probe or polls >= STATUS_EVERY):
@@ -68,8 +72,9 @@ def logs_if_changed(client: Client, job_id: str, mark: Mark | None) -> tuple[dic
             polls = 0
             if fields.get("status") in records.ENDED:  # its last lines may have landed since the probe
                 now = joblogs.probe(redis, k.log(job_id))
-        lines = None if mark is not None and now == mark.probe else joblogs.read(redis, k, job_id)
-    return {"id": job_id, "status": fields.get("status"), "lines": lines}, Mark(k, now, fields, polls)
+        lines = None if mark is not None and now == mark.probe else joblogs.read(redis, k, job_id, damaged)
+    return ({"id": job_id, "status": fields.get("status"), "lines": lines, **damage.views(damaged)},
+            Mark(k, now, fields, polls))
 
 
 def _where(client: Client, job_id: str, mark: Mark | None) -> tuple[QueueKeys, dict[str, str], int]:
@@ -120,9 +125,12 @@ def _number(line: dict[str, Any]) -> int | None:
 
 
 def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,
-                poll_s: float = FOLLOW_POLL_S) -> Iterator[dict[str, Any]]:
+                poll_s: float = FOLLOW_POLL_S, damaged: list[dict[str, Any]] | None = None
+                ) -> Iterator[dict[str, Any]]:
     """Each line of the job's log as it lands, from the first kept, until the job has
-    ended (or ``timeout_s`` passed); ends at once for an ended job, after its lines."""
+    ended (or ``timeout_s`` passed); ends at once for an ended job, after its lines. A log
+    key of another type is followed on (the run's next write sets it aside), and named in
+    ``damaged`` (as a view's "damaged_keys", each key once)."""
     until = None if timeout_s is None else time.monotonic() + timeout_s
     seen: list[dict[str, Any]] = []
     mark: Mark | None = None
@@ -137,6 +145,8 @@ def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,
             time.sleep(_away_poll(poll_s, away))
             continue
         away = 0
+        if damaged is not None:
+            damaged.extend(d for d in got.get("damaged_keys", ()) if d["key"] not in {x["key"] for x in damaged})
         fresh = new_lines(seen, got["lines"]) if got["lines"] is not None else []
         yield from fresh
         if fresh:
@@ -159,7 +169,8 @@ def _away_poll(poll_s: float, away: int) -> float:
 
 def stream_chunks(client: Client, job_id: str, after: tuple[int, ...] = (-1, -1)) -> dict[str, Any]:
     """{"id", "status", "chunks"}: the chunks kept after position ``after`` ((run,)
-    attempt, number: see joblogs.position), oldest first. Raises JobNotFound for an unknown job."""
+    attempt, number: see joblogs.position), oldest first, and "damaged_keys" when the
+    stream's key holds another Redis type. Raises JobNotFound for an unknown job."""
     return stream_if_changed(client, job_id, after, None)[0]
 
 
@@ -170,14 +181,16 @@ def stream_if_changed(client: Client, job_id: str, after: tuple[int, ...], mark:
     every STATUS_EVERY polls."""
     k, fields, polls = _where(client, job_id, mark)
     redis = client.runtime.redis
+    damaged: list[damage.Damaged] = []
     with reachable():
-        fresh = joblogs.read_stream_after(redis, k, job_id, after)
+        fresh = joblogs.read_stream_after(redis, k, job_id, after, damaged)
         if mark is not None and (fresh or polls >= STATUS_EVERY):
             k, fields = _at_home(client, k, job_id)
             polls = 0
             if fields.get("status") in records.ENDED:  # its last chunks may have landed since the read
-                fresh = joblogs.read_stream_after(redis, k, job_id, after)
-    return {"id": job_id, "status": fields.get("status"), "chunks": fresh}, Mark(k, (0, None), fields, polls)
+                fresh = joblogs.read_stream_after(redis, k, job_id, after, damaged)
+    return ({"id": job_id, "status": fields.get("status"), "chunks": fresh, **damage.views(damaged)},
+            Mark(k, (0, None), fields, polls))
 
 
 def _int(v: Any) -> int:

@@ -266,9 +266,10 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str], known: Collection[str] 
             h.counts[_LE_INDEX[le]] += _int(value)
 
 
-# The names reclaim.lua counts a damaged key under ("corrupt|<name>").
+# The names reclaim.lua counts a damaged key under ("corrupt|<name>"); joblog.lua and
+# emit.lua a job's log or stream, and a partition's recent events, set aside by their writer.
 CORRUPT_NAMES = ("stats", "claims", "done meta", "leases", "ready", "dead", "notify", "scheduled", "limwait",
-                 "delayed", "sleeping", "waiting")
+                 "delayed", "sleeping", "waiting", "log", "stream", "events")
 _QUEUE_FIELDS = ("stray", "groups_completed", "events_emitted", "events_jobs")
 
 

@@ -1,4 +1,5 @@
-"""The audit trail: one capped Redis list of who did what to which job, newest first.
+"""The audit trail: one capped Redis list of who did what to which job, newest first (by
+each entry's last action).
 
 Each entry is a JSON object: ``at_ms``, ``by`` (a token's name, or ``cli:<user>``),
 ``action`` (requeue, delete, purge, cancel, pause, resume, run now, trigger), ``queue``
@@ -13,7 +14,10 @@ was full.
 An action that repeats one of the same caller on the same target (the same action,
 queue, schedule, function or job type) whose entry is less than FOLD_MS old is folded
 into that entry: ``repeats`` (how many actions it stands for), ``last_at_ms``, ``count``
-summed and the first MAX_IDS ``ids`` (a job's action becomes its id there). 10,001
+summed and the first MAX_IDS ``ids`` (a job's action becomes its id there); the entry
+then stands for the action just made, so it goes to the head (the trail is newest first
+by each entry's last action: it kept its place, and the action just made sat below the
+actions between, off the first page once enough came between). 10,001
 triggers of one schedule from one ``operate`` token pushed that token's own earlier
 purge off a trail of 10,000; now they are one entry, and one caller adds at most one
 entry an hour per target however fast it acts. With the bound of MAX_ENTRIES, flushing
@@ -21,16 +25,19 @@ the trail would take one token hundreds of targets, or months at one action an h
 each, and every one of those entries in view meanwhile.
 
 An entry is pushed (or folded) and the list trimmed by one script (lua/audit.lua), so
-the list never holds more than MAX_ENTRIES, nor an entry older than MAX_AGE_MS once the
-next one is written, whatever the writers.
+the list never holds more than MAX_ENTRIES, nor an entry whose last action is older than
+MAX_AGE_MS once the next one is written, whatever the writers.
 
 Each entry carries its place number ``n`` (audit.lua: one more than the newest numbered
-entry's, or the time in ms when that is greater; kept when the entry is folded into or
-rewritten), falling strictly from head to tail: a reader's cursor holds the last numbered
-entry at or above the last one it showed and the entries shown past it, and
-lua/seek_trail.lua finds where to go on by a binary search however many entries landed or
-left since, among entries of an earlier release (no number) too (read_after). An offset
-(read) moves with every entry that lands.
+entry's, or the time in ms when that is greater; kept when the entry is rewritten in
+place, a new one when it is folded into and goes to the head), falling strictly from head
+to tail: a reader's cursor holds the last numbered entry at or above the last one it
+showed and the entries shown past it, and lua/seek_trail.lua finds where to go on by a
+binary search however many entries landed, moved or left since, among entries of an
+earlier release (no number) too (read_after). An entry that keeps its place is shown once;
+one folded into while a reader pages goes above its cursor, so it is not shown again, nor
+at all when the reader had not reached it (it is on the first page, as the newest). An
+offset (read) moves with every entry that lands.
 
 Pauses and resumes go on a list of their own (``<key>:flow``, bounded and folded alike),
 read merged with the other by time: they need no job and cost nothing to repeat.
@@ -43,10 +50,10 @@ import contextlib
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from runner.store import codec, records
+from runner.store import codec, damage, records
 
 # About 10 MB of Redis at ~200 bytes an entry (a folded or bulk entry naming MAX_IDS
 # ids is ~4 KB); older entries are dropped (the log keeps them).
@@ -137,38 +144,76 @@ class Page:
     total: int  # entries held on both trails when the page was read
     entries: list[dict[str, Any]]
     cursor: str | None  # None: the last page
+    damaged: list[damage.Damaged] = field(default_factory=list)  # trails of another Redis type, read as empty
 
 
-def read(redis: Any, key: str, offset: int, limit: int) -> tuple[int, list[dict[str, Any]]]:
+def _mends(trail: str, key: str) -> str:
+    """Which write sets a damaged trail aside (damage.py): audit.lua, with the next entry."""
+    return "The next pause or resume" if trail != key else "The next operator action on the trail"
+
+
+def read(redis: Any, key: str, offset: int, limit: int, damaged: list[damage.Damaged] | None = None
+         ) -> tuple[int, list[dict[str, Any]]]:
     """(entries held on both trails, one page newest first, the two merged by time) from
     ``offset``: not stable while actions land (each moves every later entry a place on);
-    read_after's cursor is. An entry that is not JSON is shown as such (as the oldest)."""
+    read_after's cursor is. An entry that is not JSON is shown as such (as the oldest); a
+    trail of another Redis type reads as empty, named in ``damaged``."""
     want = offset + max(limit, 1)
     pipe = redis.pipeline(transaction=False)
-    for trail in (key, flow_key(key)):
+    trails = (key, flow_key(key))
+    for trail in trails:
         pipe.llen(trail)
         pipe.lrange(trail, 0, want - 1)
-    total, raw, flow_total, flow_raw = pipe.execute()
-    merged = _merged([[str(e) for e in raw], [str(e) for e in flow_raw]], want)
-    return int(total) + int(flow_total), [e for _, e in merged[offset:]]
+    got = pipe.execute(raise_on_error=False)
+    total, raws = 0, []
+    for t, trail in enumerate(trails):
+        length, raw = got[2 * t], got[2 * t + 1]
+        if isinstance(length, Exception) or isinstance(raw, Exception):
+            _damaged(redis, trail, key, length if isinstance(length, Exception) else raw, damaged)
+            length, raw = 0, []
+        total += int(length)
+        raws.append([str(e) for e in raw])
+    merged = _merged(raws, want)
+    return total, [e for _, e in merged[offset:]]
 
 
 def read_after(scripts: Any, key: str, limit: int, cursor: str | None) -> Page:
     """One page newest first, both trails merged by time, after the cursor's places (one
     per trail, found by lua/seek_trail.lua wherever the entries went since): actions that
     land, fold into an entry or trim the oldest move no place, so an entry that stays on
-    the trail is shown once. ValueError for a cursor this function did not make."""
+    the trail is shown once. A trail of another Redis type reads as empty, named in the
+    page's ``damaged``. ValueError for a cursor this function did not make."""
     places = decode_cursor(cursor) if cursor else (None, None)
     n = min(max(limit, 1), 999)  # (seek_trail.lua reads at most 1000 a call: n + 1)
-    read = [scripts.seek_trail(trail, place, n + 1) for trail, place in zip((key, flow_key(key)), places, strict=True)]
+    damaged: list[damage.Damaged] = []
+    read = [_seek(scripts, trail, key, place, n + 1, damaged)
+            for trail, place in zip((key, flow_key(key)), places, strict=True)]
     merged = _merged([raw for _, _, _, raw in read], n + 1)
     shown = merged[:n]
     total = sum(length for length, _, _, _ in read)
     if len(merged) <= n:
-        return Page(total, [e for _, e in shown], None)
+        return Page(total, [e for _, e in shown], None, damaged)
     after = [_after(place, start, length, head, raw, sum(1 for trail, _ in shown if trail == t))
              for t, ((length, start, head, raw), place) in enumerate(zip(read, places, strict=True))]
-    return Page(total, [e for _, e in shown], encode_cursor(after[0], after[1]))
+    return Page(total, [e for _, e in shown], encode_cursor(after[0], after[1]), damaged)
+
+
+def _seek(scripts: Any, trail: str, key: str, place: Place | None, n: int,
+          damaged: list[damage.Damaged]) -> tuple[int, int, tuple[int, int], list[str]]:
+    """seek_trail's page of one trail; an empty trail for one of another Redis type."""
+    try:
+        return scripts.seek_trail(trail, place, n)  # type: ignore[no-any-return]
+    except Exception as exc:
+        _damaged(scripts.client, trail, key, exc, damaged)
+        return 0, 0, (0, -1), []
+
+
+def _damaged(redis: Any, trail: str, key: str, exc: Exception, damaged: list[damage.Damaged] | None) -> None:
+    """A trail's read that failed: named in ``damaged`` when it is of another type, else raised."""
+    if not damage.wrong_type(exc):
+        raise exc
+    if damaged is not None:
+        damaged.append(damage.found(redis, trail, "list", _mends(trail, key)))
 
 
 def _after(place: Place | None, start: int, length: int, head: Place, raw: Sequence[str], took: int) -> Place:
@@ -199,7 +244,8 @@ def _after(place: Place | None, start: int, length: int, head: Place, raw: Seque
 
 def _merged(trails: Sequence[Sequence[str]], most: int) -> list[tuple[int, dict[str, Any]]]:
     """Up to ``most`` (trail, entry) of the trails, each in its own order (newest first),
-    merged by time (the newer first; the main trail's first at a tie)."""
+    merged by the time of each entry's last action (the newer first; the main trail's
+    first at a tie)."""
     entries = [[_entry(raw) for raw in trail] for trail in trails]
     at = [0] * len(entries)
     out: list[tuple[int, dict[str, Any]]] = []
@@ -264,5 +310,10 @@ def _in_range(v: Any) -> bool:
 
 
 def _at(entry: dict[str, Any]) -> int:
-    at = entry.get("at_ms")
-    return at if isinstance(at, int) and not isinstance(at, bool) else 0
+    """When an entry's last action was (a folded entry's last_at_ms, else its at_ms): the
+    order of each trail, by which the two are merged."""
+    for field_ in ("last_at_ms", "at_ms"):
+        at = entry.get(field_)
+        if isinstance(at, int) and not isinstance(at, bool):
+            return at
+    return 0

@@ -6,19 +6,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from runner.store import codec, records
+from runner.store import codec, damage, records
 from runner.store.keys import QueueKeys
 
+# Which write sets a partition's damaged list of events aside (damage.py).
+MENDS = "The next event emitted whose home is this partition"
 
-def recent(redis: Any, homes: Iterable[QueueKeys], limit: int, name: str | None = None) -> list[dict[str, Any]]:
+
+def recent(redis: Any, homes: Iterable[QueueKeys], limit: int, name: str | None = None,
+           damaged: list[damage.Damaged] | None = None) -> list[dict[str, Any]]:
     """The ``limit`` newest events of every partition in ``homes`` (of ``name`` only when
-    given), newest first; each partition's list is read once, in one round trip."""
+    given), newest first; each partition's list is read once, in one round trip. A list
+    of another Redis type reads as none, named in ``damaged``."""
     homes = list(homes)
     pipe = redis.pipeline(transaction=False)
     for k in homes:
         pipe.lrange(k.emitted, 0, -1 if name else limit - 1)
     out: list[dict[str, Any]] = []
-    for raw in pipe.execute():
+    for k, raw in zip(homes, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(raw, Exception):
+            if not damage.wrong_type(raw):
+                raise raw
+            if damaged is not None:
+                damaged.append(damage.found(redis, k.emitted, "list", MENDS))
+            continue
         for item in raw:
             try:
                 rec = codec.loads(item)

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from runner.store import codec, records
+from runner.store import codec, damage, records
 from runner.store.keys import QueueKeys
 
 # Levels a line or a chunk may nest and still encode in every view (orjson's 254, less
@@ -17,30 +17,60 @@ from runner.store.keys import QueueKeys
 # view of the log answered 500.
 ENTRY_DEPTH = 250
 
+# Which write sets a damaged log or stream key aside (damage.py): a run's next one.
+MENDS_LOG = "The job's next log write (while it runs)"
+MENDS_STREAM = "The job's next ctx.stream write (while it runs)"
+# What probe answers for a key of another type: no length any list has.
+DAMAGED_PROBE = (-1, None)
 
-def read(redis: Any, k: QueueKeys, job_id: str) -> list[dict[str, Any]]:
+
+def read(redis: Any, k: QueueKeys, job_id: str, damaged: list[damage.Damaged] | None = None
+         ) -> list[dict[str, Any]]:
     """The job's log lines, oldest first ([] for none). A line that is not a JSON object
-    (damage) reads as its text, so a view shows it rather than failing."""
-    return _objects(redis.lrange(k.log(job_id), 0, -1))
+    (damage) reads as its text, so a view shows it rather than failing; a log key of
+    another type reads as no line, named in ``damaged``."""
+    return _objects(_whole(redis, k.log(job_id), MENDS_LOG, damaged))
 
 
-def read_stream(redis: Any, k: QueueKeys, job_id: str) -> list[dict[str, Any]]:
+def read_stream(redis: Any, k: QueueKeys, job_id: str, damaged: list[damage.Damaged] | None = None
+                ) -> list[dict[str, Any]]:
     """The job's streamed chunks kept (ctx.stream), oldest first: {"a": attempt, "i":
-    its number in the attempt, "ts", "data"}."""
-    return [c for c in _objects(redis.lrange(k.stream(job_id), 0, -1)) if "i" in c]
+    its number in the attempt, "ts", "data"}; a stream key of another type reads as none,
+    named in ``damaged``."""
+    return [c for c in _objects(_whole(redis, k.stream(job_id), MENDS_STREAM, damaged)) if "i" in c]
+
+
+def _whole(redis: Any, key: str, mends: str, damaged: list[damage.Damaged] | None, start: int = 0) -> Any:
+    """The list's entries from ``start``; none for a key of another type (named in
+    ``damaged``: damage a view shows, never a failure)."""
+    try:
+        return redis.lrange(key, start, -1)
+    except Exception as exc:
+        if not damage.wrong_type(exc):
+            raise
+        if damaged is not None:
+            damaged.append(damage.found(redis, key, "list", mends))
+        return []
 
 
 def probe(redis: Any, key: str) -> tuple[int, bytes | None]:
     """(length, newest raw entry) of a log or stream list: two small reads that tell a
-    follower whether anything landed since it last looked, without reading the list."""
+    follower whether anything landed since it last looked, without reading the list;
+    DAMAGED_PROBE for a key of another type."""
     pipe = redis.pipeline(transaction=False)
     pipe.llen(key)
     pipe.lindex(key, -1)
-    n, last = pipe.execute()
+    n, last = pipe.execute(raise_on_error=False)
+    for got in (n, last):
+        if isinstance(got, Exception):
+            if not damage.wrong_type(got):
+                raise got
+            return DAMAGED_PROBE
     return int(n or 0), last
 
 
-def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, ...]) -> list[dict[str, Any]]:
+def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, ...],
+                      damaged: list[damage.Damaged] | None = None) -> list[dict[str, Any]]:
     """The chunks kept after position ``after``, oldest first: (run, attempt, number),
     the run counting the job's requeues (a chunk's "r", absent: 0); (attempt, number)
     means run 0. A follower asks this every quarter second: when nothing landed it costs
@@ -50,6 +80,10 @@ def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, .
     after = widened(after)
     key = k.stream(job_id)
     n, last = probe(redis, key)
+    if (n, last) == DAMAGED_PROBE:
+        if damaged is not None:
+            damaged.append(damage.found(redis, key, "list", MENDS_STREAM))
+        return []
     if last is None:
         return []
     newest = _objects((last,))[0]
@@ -57,10 +91,10 @@ def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, .
     if at <= after:
         return []
     if at[:2] == after[:2] and after[2] >= 0 and at[2] - after[2] < n:
-        fresh = [c for c in _objects(redis.lrange(key, -(at[2] - after[2]), -1)) if "i" in c]
+        fresh = [c for c in _objects(_whole(redis, key, MENDS_STREAM, damaged, -(at[2] - after[2]))) if "i" in c]
         if fresh and position(fresh[0]) == (after[0], after[1], after[2] + 1):
             return fresh
-    chunks = [c for c in _objects(redis.lrange(key, 0, -1)) if "i" in c]
+    chunks = [c for c in _objects(_whole(redis, key, MENDS_STREAM, damaged)) if "i" in c]
     return [c for c in chunks if position(c) > after]
 
 

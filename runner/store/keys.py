@@ -49,8 +49,12 @@ slot and the layout runs unchanged on Redis Cluster::
                                               first, bounded, under one line that counts those
                                               lost; it expires with the job's retention
                                               (lua/joblog.lua, store/joblogs.py)
-    <prefix>:{<queue>}:stream:<id>    STREAM  the job's streamed output (ctx.stream), bounded; it
+    <prefix>:{<queue>}:stream:<id>    LIST    the job's streamed output (ctx.stream), bounded; it
                                               expires with the job's retention
+    <prefix>:{<queue>}:log:<id>:size  STRING  "<lines> <bytes> <sha1 of the newest>": what the log
+                                              holds, so a write trims it without reading it; the
+                                              stream's is stream:<id>:size; each expires with its
+                                              list (lua/joblog.lua)
     <prefix>:{<queue>}:idem:<type>:<key>  STRING  "<job id> <payload hash> [done]"; no expiry
                                               until its job completes (then the retention)
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline

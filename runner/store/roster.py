@@ -17,6 +17,10 @@ stale one only while the entry still holds the value it read (a compare-and-dele
 script, unroster.lua): a worker that beats again between the read and the delete (a host back from a
 pause) keeps its entry, instead of vanishing from the roster until its next beat.
 
+A roster another program made another Redis type is set aside by the next beat (renamed to
+``<key>:corrupt``, lua/aside.lua), which writes its entry again: every worker is listed
+again within a heartbeat. Until then a reader lists none and names the key (damage.py).
+
 `GET /workers`, `runner workers` and the dashboard list it; `runner check` reads it to
 catch the rolling-deploy direction the deploy gate cannot see in the queues: new code on
 disk (accepted by new web processes) that live workers do not know yet.
@@ -29,10 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runner.store import codec, records, scriptkeys
+from runner.store import codec, damage, records, scriptkeys
 
 if TYPE_CHECKING:
-    from runner.store.transport import Transport
+    from runner.store.scripts import Scripts
 
 
 def _timing() -> tuple[float, float]:
@@ -49,6 +53,8 @@ def _timing() -> tuple[float, float]:
 # one write per worker; a worker is gone after six missed beats (a pause of a loaded
 # host, or of Redis, is not a death).
 HEARTBEAT_S, STALE_S = _timing()
+# Which write sets a damaged roster aside (damage.py).
+MENDS = f"The next heartbeat of any worker (every {HEARTBEAT_S:g} s)"
 
 
 def key(prefix: str) -> str:
@@ -132,7 +138,7 @@ def pruner_key(prefix: str) -> str:
     return f"{prefix}:workers:pruner"
 
 
-def beat(scripts: Transport, prefix: str, member: Member, pulse: Pulse | None = None,
+def beat(scripts: Scripts, prefix: str, member: Member, pulse: Pulse | None = None,
          now_ms: int | None = None) -> None:
     """Write this worker's entry, stamped now by the server's clock, and, when this beat
     wins the bid, prune one page of stale entries (through the script transport: the
@@ -148,12 +154,20 @@ def beat(scripts: Transport, prefix: str, member: Member, pulse: Pulse | None = 
     pipe = redis.pipeline(transaction=False)
     pipe.hset(key(prefix), member.id, codec.dumps(entry))
     pipe.set(pruner_key(prefix), member.id, nx=True, px=max(1, int(HEARTBEAT_S * 1000)))
-    _, won = pipe.execute()
+    wrote, won = pipe.execute(raise_on_error=False)
+    if isinstance(won, Exception):
+        raise won
+    if isinstance(wrote, Exception):
+        if not damage.wrong_type(wrote):
+            raise wrote
+        # Another type (another program's write): set aside, and this entry written again.
+        scripts.aside(key(prefix), "hash")
+        redis.hset(key(prefix), member.id, codec.dumps(entry))
     if won:
         _prune(scripts, prefix, member.id, now, pulse)
 
 
-def _prune(scripts: Transport, prefix: str, own: str, now_ms: int, pulse: Pulse) -> None:
+def _prune(scripts: Scripts, prefix: str, own: str, now_ms: int, pulse: Pulse) -> None:
     """One page of the roster read, and its stale entries deleted unless beaten since."""
     cursor, page = scripts.client.hscan(key(prefix), pulse.cursor, count=PRUNE_PAGE)
     pulse.cursor = int(cursor)
@@ -176,16 +190,30 @@ def _is_live(raw: str, now_ms: int) -> bool:
 
 
 def leave(redis: Any, prefix: str, member_id: str) -> None:
-    redis.hdel(key(prefix), member_id)
+    try:
+        redis.hdel(key(prefix), member_id)
+    except Exception as exc:  # (a roster of another type holds no entry of this worker)
+        if not damage.wrong_type(exc):
+            raise
 
 
-def read(redis: Any, prefix: str, now_ms: int | None = None, include_stale: bool = False) -> list[Member]:
+def read(redis: Any, prefix: str, now_ms: int | None = None, include_stale: bool = False,
+         damaged: list[damage.Damaged] | None = None) -> list[Member]:
     """The live workers (seen within their entry's time to live), oldest first; a
     malformed entry is skipped. An entry of an older release (no running jobs, no ttl)
-    reads with the defaults."""
+    reads with the defaults. A roster of another Redis type lists none, and is named in
+    ``damaged``."""
     now = server_ms(redis) if now_ms is None else now_ms
     out = []
-    for raw in redis.hvals(key(prefix)):
+    try:
+        raws = redis.hvals(key(prefix))
+    except Exception as exc:
+        if not damage.wrong_type(exc):
+            raise
+        if damaged is not None:
+            damaged.append(damage.found(redis, key(prefix), "hash", MENDS))
+        raws = []
+    for raw in raws:
         m = _member(raw)
         if m is not None and (include_stale or m.live(now)):
             out.append(m)

@@ -91,7 +91,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "wait": ("job", "claims"),
     # Per-job logs (store/joblogs.py): one job's log list, given; the claims fence its writes,
     # and a run's progress goes to the job's state hash with its lines.
-    "joblog": ("log", "claims", "job"),
+    "joblog": ("log", "claims", "job", "stats"),
     # An event name's waiters (store/listeners.py): the name's own slot, given.
     "listen": ("shapes", "bucket"),
     "unlisten": ("shapes", "bucket_prefix", "woke_prefix"),
@@ -101,6 +101,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "unstage": ("stage", "outbox"),
     # The app's roster of workers (store/roster.py): a slot of its own, given.
     "unroster": ("roster",),
+    # A key of another Redis type set aside by its writer (store/damage.py): given.
+    "aside": ("damaged",),
     # A worker's summed figures (store/stats.py add_counts): the hash each row names, given.
     "count": ("figures",),
     # A stats hash's exact bytes for its reader (store/stats.py weigh).
@@ -113,7 +115,7 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).
 GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log", "shapes", "bucket",
-                   "bucket_prefix", "woke_prefix", "stage", "roster", "figures"})
+                   "bucket_prefix", "woke_prefix", "stage", "roster", "figures", "damaged"})
 
 # The keys of a script that takes all of its keys from the queue, in one C call.
 def _getter(names: tuple[str, ...]) -> Callable[[QueueKeys], Any]:

@@ -647,6 +647,11 @@ class Scripts(Transport):
         args = (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000), done_max)
         return self._run("trim", scriptkeys.keys("trim", k), args)
 
+    def aside(self, key: str, wanted: str) -> int:
+        """Rename ``key`` to ``<key>:corrupt`` when it holds another Redis type than
+        ``wanted`` (aside.lua, after its writer was answered WRONGTYPE): 1 renamed, 0 left."""
+        return int(self.call("aside", scriptkeys.keys("aside", damaged=key), (wanted,)))
+
     def audit(self, key: str, entry: str, most: int, max_age_ms: int, now_ms: int | None = None,
               bulk: str = "", fold_ms: int = 0, max_ids: int = 100) -> int:
         """Put ``entry`` (a JSON object, stamped here) on the audit trail ``key``, or with

@@ -22,7 +22,7 @@ NAMES = (
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
     "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek", "prune",
     "index_delayed", "seek_list", "audit", "seek_trail", "step", "steps", "suspend", "signal", "wait", "emit",
-    "emit_named", "joblog", "run_now", "listen", "unlisten", "stage", "unstage", "unroster", "count",
+    "emit_named", "joblog", "run_now", "listen", "unlisten", "stage", "unstage", "unroster", "aside", "count",
     "weigh", "statuses", "member_page",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the

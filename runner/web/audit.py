@@ -1,7 +1,9 @@
 """GET /audit: who did what (requeue, delete, purge, cancel, pause, resume, run now,
 trigger), newest first, paged by cursor (or offset). The trail is a capped list (store/audit.py), one
 caller's repeats of an action on one target within an hour folded into one entry
-(``repeats``, ``last_at``); every action is also a log line."""
+(``repeats``, ``last_at``); every action is also a log line. A trail of another Redis type
+reads as empty and is named in "damaged_keys" (store/damage.py) until the next action on
+it sets it aside."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client
+from runner.store import damage
 from runner.web.body import int_param, only_params, send
 from runner.web.offload import Offload
 from runner.web.problems import Problem
@@ -43,9 +46,10 @@ class Audit:
                           title="Invalid parameter", parameter="offset")
         resp.cache_control = ["no-store"]
         if offset:  # an earlier release's way to page: not stable while actions land
-            total, entries = await self.offload(self.client.audit, offset, limit)
+            damaged: list[damage.Damaged] = []
+            total, entries = await self.offload(self.client.audit, offset, limit, damaged)
             send(resp, {"total": total, "offset": offset, "limit": limit, "entries": [_shown(e) for e in entries],
-                        "cursor": None})
+                        "cursor": None, **damage.views(damaged)})
             return
         try:
             page = await self.offload(self.client.audit_page, limit, cursor)
@@ -54,4 +58,4 @@ class Audit:
         # A cursor's page has no offset (actions landed since the first page).
         where = {"offset": 0} if cursor is None else {}
         send(resp, {"total": page.total, **where, "limit": limit, "entries": [_shown(e) for e in page.entries],
-                    "cursor": page.cursor})
+                    "cursor": page.cursor, **damage.views(page.damaged)})

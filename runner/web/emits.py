@@ -8,7 +8,8 @@ feed, events.py).
                           data and each error (nothing written); 409 for a key held by an
                           emit of other data.
     GET /events           ?limit (1-500, default 50), ?name: the newest events first, each
-                          with the jobs it started.
+                          with the jobs it started; "damaged_keys" names a partition's list
+                          of another Redis type (read as none: store/damage.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import falcon.asgi
 
 from runner.client import Client
 from runner.client.emitting import MAX_LIST, BadEventName, check_name
+from runner.store import damage
 from runner.web.body import int_param, only_params, read_json, send
 from runner.web.jobs import idempotency_key
 from runner.web.offload import Offload
@@ -61,6 +63,7 @@ async def recent(client: Client, offload: Offload, req: falcon.asgi.Request, res
             check_name(name)
         except BadEventName as exc:
             raise _bad_name(exc) from None
-    events = await offload(lambda: client.events(limit=limit, name=name))
+    damaged: list[damage.Damaged] = []
+    events = await offload(lambda: client.events(limit=limit, name=name, damaged=damaged))
     resp.cache_control = ["no-store"]
-    send(resp, {"limit": limit, "events": events})
+    send(resp, {"limit": limit, "events": events, **damage.views(damaged)})

@@ -36,6 +36,12 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+# A list's key another program made another Redis type (store/damage.py): read as empty,
+# named with what it holds and what to do.
+_DAMAGED_KEYS = {"type": "array", "description": "keys that hold another Redis type than runner keeps there, "
+                 "read as empty: each with what to do (its next writer sets it aside as <key>:corrupt)",
+                 "items": _obj({"key": _STR, "type": _STR, "detail": _STR})}
+
 _TIMING = _obj({"count": _INT, "sum_ms": _INT, "mean_ms": _OPT_NUM, "p50_ms": _OPT_NUM, "p95_ms": _OPT_NUM,
                 "p99_ms": _OPT_NUM})
 
@@ -239,7 +245,8 @@ COMPONENTS: dict[str, Any] = {
     }, required=["at", "by", "action"], extra=True),
     "AuditPage": _obj({"total": _INT, "offset": _INT, "limit": _INT,
                        "entries": {"type": "array", "items": ref("AuditEntry")},
-                       "cursor": {"type": ["string", "null"], "description": "the next page's (null: the last)"}},
+                       "cursor": {"type": ["string", "null"], "description": "the next page's (null: the last)"},
+                       "damaged_keys": _DAMAGED_KEYS},
                       required=["total", "limit", "entries", "cursor"]),
     "WhoAmI": _obj({"name": _STR, "scopes": {"type": "array", "items": _STR},
                     "auth": {"type": "boolean", "description": "false: the API is open to anyone"}}),
@@ -273,7 +280,8 @@ COMPONENTS: dict[str, Any] = {
         "functions": {"type": "object", "additionalProperties": _INT,
                       "description": "each function it serves, with the newest payload version it knows"},
     }, required=["id", "host", "pid", "queues", "concurrency", "isolation", "started_at", "last_seen", "running"]),
-    "WorkerList": _obj({"workers": {"type": "array", "items": ref("Worker")}}),
+    "WorkerList": _obj({"workers": {"type": "array", "items": ref("Worker")}, "damaged_keys": _DAMAGED_KEYS},
+                       required=["workers"]),
 }
 
 

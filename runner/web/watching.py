@@ -1,9 +1,13 @@
 """GET /jobs/{id}/logs: a job's own log, and GET /jobs/{id}/stream: its ctx.stream
 output (``read`` scope, as reading the job).
 
-    200 {"id", "status", "lines": [{"n", "ts", "level", "src", "msg"}, ...]}, oldest first
+    200 {"id", "status", "lines": [{"n", "ts", "level", "src", "msg"}, ...]}, oldest first;
+        "damaged_keys": [{"key", "type", "detail"}] when the log's key holds another Redis
+        type (no line read; store/damage.py)
     ?follow=1: server-sent events instead, each line as it lands, until the job ends:
         event: line   one line (JSON), the lines kept so far first; its id: the line's n
+        event: damaged {"key", "type", "detail"}: the key holds another Redis type (once;
+                      the job's next write sets it aside, and its lines follow)
         event: end    {"id", "status"}: the job has ended (or the stream's time is up,
                       status then as it was: a client follows again; status null: the
                       job was deleted meanwhile)
@@ -13,6 +17,7 @@ GET /jobs/{id}/stream: server-sent events, the chunks kept first, then each as i
         event: chunk  {"a": attempt, "i": its number in the attempt, "ts", "data"}; its
                       id: its place, A.I (R.A.I for a requeued job's later run, which
                       carries "r")
+        event: damaged as the log's
         event: end    {"id", "status"}: the job has ended (or the stream's time is up)
     ?after=A.I (R.A.I): only the chunks after that place (a reader coming back).
 
@@ -131,7 +136,10 @@ class JobLogs:
         seen: list[dict[str, Any]] = [] if after is None else [{"n": after}]
         got, mark = first, None
         away = False  # Redis did not answer the last poll
+        told: set[str] = set()
         while True:
+            for event in _damaged(got, told):
+                yield event
             fresh = watching.new_lines(seen, got["lines"]) if got["lines"] is not None else []
             for line in fresh:
                 yield falcon.asgi.SSEvent(event="line", data=json.dumps(line, ensure_ascii=True).encode(),
@@ -189,7 +197,10 @@ class JobStream:
         quiet_since = loop.time()
         got, mark = first, None
         away = False
+        told: set[str] = set()
         while True:
+            for event in _damaged(got, told):
+                yield event
             for chunk in got["chunks"]:
                 yield falcon.asgi.SSEvent(event="chunk", data=json.dumps(chunk, ensure_ascii=True).encode(),
                                           event_id=_chunk_id(chunk))
@@ -245,6 +256,16 @@ def _chunk_id(chunk: dict[str, Any]) -> str | None:
     if min(r, a, i) < 0:
         return None
     return f"{r}.{a}.{i}" if r else f"{a}.{i}"
+
+
+def _damaged(got: dict[str, Any], told: set[str]) -> list[falcon.asgi.SSEvent]:
+    """An event per damaged key a read named (store/damage.py), each once per follow."""
+    out = []
+    for d in got.get("damaged_keys", ()):
+        if d["key"] not in told:
+            told.add(d["key"])
+            out.append(falcon.asgi.SSEvent(event="damaged", data=json.dumps(d, ensure_ascii=True).encode()))
+    return out
 
 
 def _away(exc: Exception) -> falcon.asgi.SSEvent:

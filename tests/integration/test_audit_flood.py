@@ -25,7 +25,8 @@ def test_a_flood_of_triggers_and_cancels_is_one_entry_each_and_the_earlier_purge
     (interleaved: trigger, cancel, trigger...), past a trail bound of 500: before, they
     pushed the caller's earlier purge off GET /audit (500 entries, all trigger and
     cancel). Now each is one entry with its count, its first and last time and its
-    first ids, and the purge stays."""
+    first ids, newest first by its last action (the triggers': the last three came by
+    HTTP), and the purge stays."""
     monkeypatch.setattr(audit, "MAX_ENTRIES", 500)
     project.add_function("report", REPORT)
     project.write_config(extra=TOKENS)
@@ -43,7 +44,7 @@ def test_a_flood_of_triggers_and_cancels_is_one_entry_each_and_the_earlier_purge
         jobs.append(r.json["id"])
     page = web.simulate_get("/audit", query_string="limit=500", headers=VIEWER).json
     assert page["total"] == 3, (page["total"], [e["action"] for e in page["entries"][:5]])
-    cancel, trigger, purge = page["entries"]
+    trigger, cancel, purge = page["entries"]
     assert (purge["action"], purge["by"], purge["count"]) == ("purge", "ops", 3)
     assert (trigger["action"], trigger["by"], trigger["schedule"]) == ("trigger", "ops", "report")
     assert (trigger["repeats"], trigger["count"]) == (2003, 2003), trigger
@@ -101,7 +102,7 @@ def test_a_pause_or_resume_that_changes_nothing_writes_no_entry(project: Project
     """Pausing a paused queue or function and resuming a running one act on nothing: no
     entry (before, each was one, and 300 no-op pauses pushed an earlier real pause off a
     trail of 200). A real pause keeps its first time. Real pauses and resumes repeated
-    by one caller fold as other actions do."""
+    by one caller fold as other actions do, each entry on top after its last repeat."""
     monkeypatch.setattr(audit, "MAX_ENTRIES", 200)
     c = project.client
     c.pause("fast", by="ops")
@@ -126,4 +127,32 @@ def test_a_pause_or_resume_that_changes_nothing_writes_no_entry(project: Project
     total, entries = c.audit(limit=300)
     assert total == 4, entries
     assert [(e["action"], e.get("function"), e.get("repeats", 1)) for e in entries] == [
-        ("resume", None, 50), ("resume", "record", 1), ("pause", "record", 1), ("pause", None, 51)], entries
+        ("pause", None, 51), ("resume", None, 50), ("resume", "record", 1), ("pause", "record", 1)], entries
+
+
+def test_the_action_just_made_is_on_top_when_it_folds_into_an_older_entry(project: Project) -> None:
+    """A cancel, then a pause and a resume (the pauses' trail) and a delete by the same
+    caller, then a second cancel of the same type: folded into the first cancel's entry,
+    that entry stands for the action just made and is the newest, on top of GET /audit
+    (by cursor and by offset) with its first and last time; it kept its old place, below
+    the three between (the action just made was 4th, and past a page of them, off it)."""
+    c = project.client
+    a = c.enqueue("record", {"n": 1}, delay=3600).id
+    b = c.enqueue("record", {"n": 2}, delay=3600).id
+    (dead,) = bury_many(project, 1)
+    assert c.cancel(a, by="ops") == "cancelled"
+    c.pause("fast", function="record", by="ops")
+    c.resume("fast", function="record", by="ops")
+    c.delete_dead("fast", dead, by="ops")
+    assert c.cancel(b, by="ops") == "cancelled"
+    web = falcon.testing.TestClient(create_app(project.runtime))
+    for query in ("limit=10", "limit=10&offset=0", "limit=1"):
+        page = web.simulate_get("/audit", query_string=query).json
+        top = page["entries"][0]
+        assert (top["action"], top.get("repeats"), top.get("ids")) == ("cancel", 2, [a, b]), (query, page)
+    entries = web.simulate_get("/audit", query_string="limit=10").json["entries"]
+    assert [(e["action"], e.get("repeats", 1)) for e in entries] == [
+        ("cancel", 2), ("delete", 1), ("resume", 1), ("pause", 1)], entries
+    assert entries[0]["at"] <= entries[3]["at"] <= entries[1]["at"] <= entries[0]["last_at"], entries
+    total, trail = c.audit(limit=10)
+    assert total == 4 and trail[0]["action"] == "cancel"

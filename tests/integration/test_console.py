@@ -801,3 +801,33 @@ def test_a_dead_letter_with_a_long_unbroken_payload_keeps_its_actions_in_the_car
             return range.getClientRects().length;""", css)
         assert rects == 1, "the number is split over lines"
         assert script_errors(d) == []
+
+
+def test_keys_of_another_type_show_what_to_do_on_their_pages(project: Project, browser: Any) -> None:  # noqa: F811
+    """A done job whose log key another program made a hash and whose stream key a string,
+    the workers' roster and the audit trail made strings: the job's log and stream, the
+    workers page and the audit page show the server's note naming each key and what to
+    do (each read was a 500, the job page's retried every second), with no script error."""
+    project.spawn_worker("fast")
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    job = c.enqueue("noop", {}).id
+    wait_for(lambda: c.get(job).status == "done", timeout=30, what="the job to end")
+    project.stop_all()  # (a worker's heartbeat would set the roster aside at once)
+    damaged = {k.log(job): "hash", k.stream(job): "string", f"{project.prefix}:workers": "string",
+               f"{project.prefix}:audit": "string"}
+    for key, kind in damaged.items():
+        r.delete(key)
+        r.hset(key, "x", "y") if kind == "hash" else r.set(key, "garbage")
+    with gunicorn(project, token=TOKEN) as web:
+        d = browser
+        signed_in(d, web, TOKEN)
+        go(d, f"#job/{job}")
+        for field, key in (("log", k.log(job)), ("stream", k.stream(job))):
+            until(f"the {field}'s note", lambda field=field, key=key: key in text(  # type: ignore[misc]
+                d, f'#job-view [data-field="{field}"]'))
+            assert "DEL" in text(d, f'#job-view [data-field="{field}"]')
+        go(d, "#workers")
+        until("the roster's note", lambda: f"{project.prefix}:workers" in text(d, "#workers-view [data-damaged]"))
+        go(d, "#audit")
+        until("the trail's note", lambda: f"{project.prefix}:audit " in text(d, "#audit-view [data-damaged]"))
+        assert script_errors(d) == []

@@ -21,7 +21,7 @@ import pytest
 from runner.client import Client
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import keys
+from runner.store import codec, keys
 from runner.web import create_app
 
 from conftest import Project, wait_for
@@ -166,9 +166,11 @@ def test_a_forged_cursor_is_a_400(four: Project, path: str) -> None:
 def test_the_audit_trail_pages_by_cursor_while_actions_land(project: Project) -> None:
     """A trail of 150 entries and 40 pauses and resumes, 10 of them written by an earlier
     release (no place number); while a client pages through it 9 at a time, other
-    threads put new actions on both trails, fold repeats into entries already there, and
-    the trail is trimmed to a bound that takes its oldest off. Every entry that stays on
-    the trail the whole time is shown exactly once, and the traversal ends."""
+    threads put new actions on both trails, fold repeats into entries already there
+    (each goes to the head, newest first by its last action), and the trail is trimmed
+    to a bound that takes its oldest off. Every entry that keeps its place on the trail
+    the whole time is shown exactly once, one folded into at most once, and the
+    traversal ends."""
     rt = project.runtime
     key = keys.audit(rt.config.redis.prefix)
     r = rt.redis
@@ -184,6 +186,7 @@ def test_the_audit_trail_pages_by_cursor_while_actions_land(project: Project) ->
             audit_log.record(rt.scripts, key, {"by": flow[i], "action": "pause", "queue": "fast"})
     most = 200  # the trail's bound in this test: the oldest entries leave as new ones land
     gone = set(old[:])  # the trimmed ones may go any time: not counted as staying
+    moved: set[str] = set()  # folded into: at the head since, above the client's place
 
     def act(c: Client, rng: random.Random) -> None:
         n = rng.randrange(1_000_000)
@@ -191,8 +194,11 @@ def test_the_audit_trail_pages_by_cursor_while_actions_land(project: Project) ->
         action = "purge" if trail == key else "resume"
         c.runtime.scripts.audit(trail, json.dumps({"by": f"new{n}", "action": action, "queue": "fast"}), most,
                                 audit_log.MAX_AGE_MS)
-        # a repeat of an entry already there (same caller, action, queue): folded into it
-        c.runtime.scripts.audit(key, json.dumps({"by": rng.choice(main), "action": "purge", "queue": "fast"}),
+        # a repeat of an entry already there (same caller, action, queue): folded into it,
+        # which goes to the head (a client that had not reached it does not see it)
+        by = rng.choice(main)
+        moved.add(by)
+        c.runtime.scripts.audit(key, codec.dumps({"by": by, "action": "purge", "queue": "fast"}),
                                 most, audit_log.MAX_AGE_MS, fold_ms=audit_log.FOLD_MS)
         time.sleep(0.003)
 
@@ -208,10 +214,39 @@ def test_the_audit_trail_pages_by_cursor_while_actions_land(project: Project) ->
         stop.set()
         t.join(timeout=30)
     assert not errors, errors
-    stayed = [b for b in [*main, *flow] if b not in gone]
+    stayed = [b for b in [*main, *flow] if b not in gone | moved]
+    assert len(stayed) > 50, len(stayed)
     twice = sorted(b for b, n in seen.items() if n > 1)
     missing = sorted(set(stayed) - set(seen))
     assert not twice and not missing, f"{twice[:5]} shown twice, {missing[:5]} of {len(stayed)} never shown"
+
+
+def test_an_audit_entry_folded_into_while_a_client_pages_goes_to_the_head_and_is_shown_once(project: Project) -> None:
+    """Ten entries paged 3 at a time; after the first page a repeat of one it showed (e9)
+    and of one it has not reached (e2) fold into them: both go to the head. The client's
+    later pages show each other entry once and neither of the two (the first showed e9;
+    e2 is the newest now), and a new first page shows the two on top."""
+    rt = project.runtime
+    key = keys.audit(rt.config.redis.prefix)
+    web = falcon.testing.TestClient(create_app(rt))
+
+    def act(by: str) -> None:
+        audit_log.record(rt.scripts, key, {"by": by, "action": "purge", "queue": "fast"})
+
+    for i in range(10):
+        act(f"e{i}")
+    first = web.simulate_get("/audit", params={"limit": 3}).json
+    assert [e["by"] for e in first["entries"]] == ["e9", "e8", "e7"]
+    act("e9")
+    act("e2")
+    seen, cursor = [], first["cursor"]
+    while cursor:
+        page = web.simulate_get("/audit", params={"limit": 3, "cursor": cursor}).json
+        seen += [e["by"] for e in page["entries"]]
+        cursor = page["cursor"]
+    assert seen == ["e6", "e5", "e4", "e3", "e1", "e0"], seen
+    top = web.simulate_get("/audit", params={"limit": 3}).json["entries"]
+    assert [(e["by"], e.get("repeats")) for e in top] == [("e2", 2), ("e9", 2), ("e8", None)], top
 
 
 def _old_push(r: Any, key: str, by: str, most: int = 10_000) -> None:

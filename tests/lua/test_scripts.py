@@ -2463,6 +2463,78 @@ def test_joblog_keeps_the_newest_lines_within_both_bounds(p: Project) -> None:
     assert sc.append_log(k, "none", [], 3, 1000, 60_000) == 0 and r.exists(k.log("none")) == 0
 
 
+def test_joblog_sets_a_log_or_stream_of_another_type_aside(p: Project) -> None:
+    """A log key another program made a hash, or a stream key a string: the write renames
+    it to <key>:corrupt (kept as long as the log, counted in the queue's stats) and the
+    log starts afresh with the lines written (every write failed: the run's lines were
+    lost)."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.hset(k.log("j"), "x", "y")
+    r.set(k.stream("j"), "junk")
+    assert sc.append_log(k, "j", ["l1", "l2"], 10, 1000, 60_000, marker="m #LOST#") == 2
+    assert sc.append_log(k, "j", ['{"a": 1, "i": 0}'], 10, 1000, 60_000, key=k.stream("j")) == 1
+    assert r.lrange(k.log("j"), 0, -1) == ["l1", "l2"]
+    assert r.hgetall(k.log("j") + ":corrupt") == {"x": "y"} and r.get(k.stream("j") + ":corrupt") == "junk"
+    assert r.lrange(k.stream("j"), 0, -1) == ['{"a": 1, "i": 0}']
+    assert 0 < r.pttl(k.log("j") + ":corrupt") <= 60_000 and 0 < r.pttl(k.stream("j") + ":corrupt") <= 60_000
+    assert r.hget(k.stats, "corrupt|log") == "1" and r.hget(k.stats, "corrupt|stream") == "1"
+
+
+def test_aside_renames_a_key_of_another_type_and_leaves_any_other(p: Project) -> None:
+    """aside.lua (a writer answered WRONGTYPE) renames a key of another type than asked to
+    <key>:corrupt; one of that type, or none, is left as it is."""
+    r, sc = p.runtime.redis, p.runtime.scripts
+    key = p.runtime.config.redis.prefix + ":workers"
+    r.set(key, "junk")
+    assert sc.aside(key, "hash") == 1
+    assert r.get(key + ":corrupt") == "junk" and r.exists(key) == 0
+    assert sc.aside(key, "hash") == 0  # (gone)
+    r.hset(key, "w", "1")
+    assert sc.aside(key, "hash") == 0 and r.hgetall(key) == {"w": "1"}
+
+
+def _bounded(lines: list[str], most: int, budget: int) -> list[str]:
+    """The newest of ``lines`` within both bounds, never none: what joblog keeps."""
+    kept = lines[-most:]
+    while len(kept) > 1 and sum(map(len, kept)) > budget:
+        kept = kept[1:]
+    return kept
+
+
+def test_joblog_keeps_its_count_beside_the_log_and_counts_again_when_it_does_not_hold(p: Project) -> None:
+    """joblog trims by a count of the log's lines and bytes kept beside it (no write reads
+    the log whole); when the count does not hold for the log as it is (a line written by
+    another writer, the newest or the oldest, or 5,000 of them; the count gone, or of
+    another type), the write reads the newest lines within the bound again, as it read
+    them on every write before, and keeps both bounds exactly."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    most, budget, log = 4, 100, k.log("c")
+
+    def write(*lines: str) -> None:
+        expected = _bounded(r.lrange(log, 0, -1) + list(lines), most, budget)
+        sc.append_log(k, "c", list(lines), most, budget, 60_000)
+        held = r.lrange(log, 0, -1)
+        assert held == expected, (held, expected)
+        assert r.get(log + ":size").split()[:2] == [str(len(held)), str(sum(map(len, held)))]
+        assert 0 < r.pttl(log + ":size") <= 60_000
+
+    write("a" * 10, "b" * 10, "c" * 10)
+    write("d" * 30, "e" * 40)
+    r.rpush(log, "z" * 25)  # another writer's newest line: the count does not hold
+    write("f" * 5)
+    r.lpush(log, "y" * 20)  # its oldest: the length differs
+    write("g" * 10)
+    r.delete(log + ":size")
+    write("h" * 10)
+    r.delete(log + ":size")
+    r.hset(log + ":size", "x", "y")  # (another type: counted again, then written over)
+    write("i" * 60, "j" * 60)
+    r.rpush(log, *[f"w{i}" for i in range(5_000)])  # another writer's long list: its newest read
+    write("l" * 10)
+    write("k" * 500)  # past the bytes alone: the newest stays
+    assert r.lrange(log, 0, -1) == ["k" * 500]
+
+
 def test_joblog_writes_a_runs_progress_ahead_of_its_lines_fenced(p: Project) -> None:
     """A run's progress goes to the job's state in its lines' call (or a call with no
     lines), under its claim's token: a run whose lease was lost writes neither."""

@@ -109,12 +109,12 @@ def test_an_include_cycle_is_refused_by_name(tmp_path: Path, monkeypatch: pytest
 
 
 # remove, checkpoint, hold, lookup, resume, watch, seek, seek_list, seek_trail, prune, index_delayed, steps, unstage
-# unroster, weigh, statuses and member_page write no time; tick, adopt and alive are given the server's time by
-# the ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py); joblog's, unlisten's
+# unroster, aside, weigh, statuses and member_page write no time; tick, adopt and alive are given the server's time
+# by the ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py); joblog's, unlisten's
 # and stage's expiries are relative (the server sets them); emit_named rewrites a record in place, keeping its time.
 TIMELESS = ("remove", "checkpoint", "hold", "lookup", "resume", "tick", "adopt", "alive", "watch", "seek", "seek_list",
             "seek_trail", "prune", "index_delayed", "steps", "joblog", "unlisten", "emit_named", "stage", "unstage",
-            "unroster", "count", "weigh", "statuses", "member_page")
+            "unroster", "aside", "count", "weigh", "statuses", "member_page")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TIMELESS])

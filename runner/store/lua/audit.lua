@@ -1,7 +1,7 @@
 -- audit: put one operator action on the audit trail, stamped with the server's time, and
 -- keep the trail bounded by count and by age: the newest `most` entries at most, and
--- none older than `max_age` (the oldest, at the tail, leave first; at most 1000 per
--- call, so one call's work stays bounded whatever the trail held before).
+-- none whose last action is older than `max_age` (the oldest, at the tail, leave first;
+-- at most 1000 per call, so one call's work stays bounded whatever the trail held before).
 --
 -- An action that repeats an earlier one (the same caller, action, queue and target: the
 -- schedule, function, job type; see fold_key) whose entry was written less than `fold`
@@ -11,6 +11,13 @@
 -- is one entry an hour per target, and cannot push that token's own earlier, distinct
 -- actions off the trail. A bulk action is folded at its end ("done"), never while it
 -- runs; an interrupted one stays on its own.
+--
+-- The trail is newest first by each entry's last action (`last_at_ms`, else `at_ms`): an
+-- entry folded into stands for the action just made, so it leaves its place and goes to
+-- the head, with a new place number (it kept its place, below the actions between, and
+-- the action just made was off the first page once enough came between). A bulk action's
+-- entry rewritten as it goes keeps its place (its time is when it began) until it ends
+-- folded into another.
 --
 -- KEYS[1] audit        LIST  JSON entries, newest first
 -- ARGV[1] now, ms ('' for the server's clock)
@@ -25,9 +32,11 @@
 -- ARGV[7] the most ids a folded entry names
 --
 -- Each entry gets a place number `n`, one more than the newest numbered entry's (or the
--- time in ms, when that is greater): the numbers fall strictly from head to tail whatever the clock does,
--- and an entry keeps its number when it is rewritten or folded into, so a reader's
--- cursor finds where it stopped however many entries landed since (seek_trail.lua).
+-- time in ms, when that is greater): the numbers fall strictly from head to tail whatever
+-- the clock does. An entry keeps its number when it is rewritten in place; one folded into
+-- goes to the head with a new one. So a reader's cursor finds where it stopped however
+-- many entries landed, moved or left since (seek_trail.lua): an entry that keeps its
+-- place is shown once, and one that moved to the head is not shown again.
 --
 -- Returns the entries the trail holds after the call.
 --- @include "clock"
@@ -35,6 +44,11 @@
 --- @include "places"
 local now = clock(ARGV[1])
 local most, max_age = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- A trail of another Redis type (another program's write, or damage) would refuse every
+-- entry, each action done yet unaudited: it is renamed aside to <key>:corrupt (kept for
+-- inspection) and the trail starts afresh (store/damage.py).
+local kind = redis.call('TYPE', K.audit)['ok']
+if kind ~= 'list' and kind ~= 'none' then redis.call('RENAME', K.audit, K.audit .. ':corrupt') end
 local bulk = ARGV[5] or ''
 local fold = tonumber(ARGV[6] or '') or 0
 local max_ids = tonumber(ARGV[7] or '') or 100
@@ -44,8 +58,23 @@ local function numbered(entry, n)
   return string.sub(entry, 1, -2) .. ',"n":' .. string.format('%d', n) .. '}'
 end
 
+-- A place above every entry's: one more than the newest numbered entry's (an earlier
+-- release's, unnumbered, may have landed above it during a rolling deploy; the newest 64
+-- are looked at), or the time in ms when that is greater; nil only past another writer's
+-- number.
+local function fresh_place()
+  local head = 0
+  for _, e in ipairs(redis.call('LRANGE', K.audit, 0, 63)) do
+    head = place_of(e) or 0
+    if head > 0 then break end
+  end
+  local n = math.max(head + 1, tonumber(now))
+  if n > 1125899906842624 then return nil end
+  return n
+end
+
 -- The entry's place: a bulk action's own, replaced in place, or a new one at the head.
-local here = nil
+local here, fresh = nil, nil
 if bulk ~= '' then
   local mark = '"bulk":' .. cjson.encode(bulk)
   for i, old in ipairs(redis.call('LRANGE', K.audit, 0, 999)) do
@@ -59,16 +88,8 @@ if bulk ~= '' then
   end
 end
 if here == nil then
-  -- One more than the newest numbered entry (an earlier release's, unnumbered, may have
-  -- landed above it during a rolling deploy; the newest 64 are looked at).
-  local head = 0
-  for _, e in ipairs(redis.call('LRANGE', K.audit, 0, 63)) do
-    head = place_of(e) or 0
-    if head > 0 then break end
-  end
-  local n = math.max(head + 1, tonumber(now))
-  if n > 1125899906842624 then n = nil end  -- (only past another writer's number)
-  redis.call('LPUSH', K.audit, numbered(stamped(ARGV[2], now), n))
+  fresh = fresh_place()
+  redis.call('LPUSH', K.audit, numbered(stamped(ARGV[2], now), fresh))
   here = 0
 end
 
@@ -98,6 +119,7 @@ end
 local function merged(into, e)
   into.repeats = (tonumber(into.repeats) or 1) + (tonumber(e.repeats) or 1)
   into.last_at_ms = now
+  into.n = nil  -- (its place goes with it: numbered() writes the new one)
   local ids, n = jobs_of(into)
   local more, m = jobs_of(e)
   if ids or more then
@@ -135,34 +157,62 @@ local function has(old, wanted)
   return true
 end
 
-local ok, entry = pcall(cjson.decode, ARGV[2])
-if fold > 0 and ok and type(entry) == 'table' and final(entry) then
-  local key, since, folded, wanted = fold_key(entry), now - fold, false, marks(entry)
-  -- Older entries only (below this one), newest first; the trail is in the order its
-  -- entries were first written, so the first one past the window ends the look.
+-- An entry's times as the script writes them (digits): when it was written, and its
+-- last action (a folded entry's last_at_ms, else at_ms); an entry without is as old as
+-- can be.
+local function times(old)
+  local at = tonumber(string.match(old, '"at_ms":(%d+)')) or 0
+  return at, tonumber(string.match(old, '"last_at_ms":(%d+)')) or at
+end
+
+-- Takes the entries at these indexes off the trail (each marked, then removed: the
+-- first such mark from the head).
+local function take(indexes)
+  for k, i in ipairs(indexes) do
+    local gone = 'folded:' .. now .. ':' .. k .. ':' .. redis.call('LLEN', K.audit)
+    redis.call('LSET', K.audit, i, gone)
+    redis.call('LREM', K.audit, 1, gone)
+  end
+end
+
+-- The older entry of the same caller and target written within the window, looked for
+-- below this one, newest first: its index and its entry (decoded), or nil. The trail is
+-- in the order of its entries' last actions, so the first one whose last action is past
+-- the window ends the look (none below could be within it).
+local function prior_of(entry)
+  local key, since, wanted = fold_key(entry), now - fold, marks(entry)
   local from = here + 1
-  while not folded and from < here + 1000 do
+  while from < here + 1000 do
     local chunk = redis.call('LRANGE', K.audit, from, from + 99)
-    if #chunk == 0 then break end
-    local past = false
-    for n, old in ipairs(chunk) do
-      -- (at_ms as the script writes it: digits; an entry without is as old as can be)
-      local at = tonumber(string.match(old, '"at_ms":(%d+)')) or 0
-      if at < since then past = true break end
+    if #chunk == 0 then return nil end
+    for i, old in ipairs(chunk) do
+      local at, last = times(old)
+      if last < since then return nil end
       local good, prior = false, nil
-      if has(old, wanted) then good, prior = pcall(cjson.decode, old) end
+      if at >= since and has(old, wanted) then good, prior = pcall(cjson.decode, old) end
       if good and type(prior) == 'table' and final(prior) and fold_key(prior) == key then
-        redis.call('LSET', K.audit, from + n - 1, merged(prior, entry))
-        -- This entry goes: marked, then removed (the first such mark from the head).
-        local gone = 'folded:' .. now .. ':' .. redis.call('LLEN', K.audit)
-        redis.call('LSET', K.audit, here, gone)
-        redis.call('LREM', K.audit, 1, gone)
-        folded = true
-        break
+        return from + i - 1, prior
       end
     end
-    if past then break end
     from = from + 100
+  end
+  return nil
+end
+
+local ok, entry = pcall(cjson.decode, ARGV[2])
+if fold > 0 and ok and type(entry) == 'table' and final(entry) then
+  local at, prior = prior_of(entry)
+  if at then
+    -- The older entry and this one go; what they stand for together goes to the head,
+    -- the newest action's place (this one's, when it was pushed there).
+    local together = merged(prior, entry)
+    if here == 0 and fresh ~= nil then
+      redis.call('LSET', K.audit, 0, numbered(together, fresh))
+      take({at})
+    else
+      take({at, here})
+      redis.call('LPUSH', K.audit, numbered(together, fresh_place()))
+    end
   end
 end
 
@@ -171,9 +221,10 @@ for _ = 1, 1000 do
   local oldest = redis.call('LINDEX', K.audit, -1)
   if not oldest then break end
   local good, old = pcall(cjson.decode, oldest)
-  -- An entry that is not JSON, or has no time, is as old as can be.
-  local at = good and type(old) == 'table' and tonumber(old.at_ms) or 0
-  if at >= now - max_age then break end
+  -- An entry that is not JSON, or has no time, is as old as can be; one folded into is
+  -- as old as its last action.
+  local last = good and type(old) == 'table' and (tonumber(old.last_at_ms) or tonumber(old.at_ms)) or 0
+  if last >= now - max_age then break end
   redis.call('RPOP', K.audit)
 end
 return redis.call('LLEN', K.audit)

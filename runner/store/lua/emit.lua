@@ -18,7 +18,10 @@
 -- KEYS[10] lim_prefix  (string; see enqueue.lua)
 -- KEYS[11] delayed     ZSET  the scheduled list's index (see enqueue.lua)
 -- KEYS[12] outbox      LIST  the jobs on their way to another partition (JSON entries)
--- KEYS[13] emitted     LIST  this partition's recent events, newest first (JSON records)
+-- KEYS[13] emitted     LIST  this partition's recent events, newest first (JSON records); one
+--                      of another Redis type (another program's write, or damage) is
+--                      renamed aside to <key>:corrupt (counted as "corrupt|events") and the
+--                      list starts afresh, so the event is recorded (store/damage.py)
 -- KEYS[14] emit_prefix (string; an emit's idempotency key is prefix .. name .. ':' .. key,
 --                      a HASH: hash (of the event's data), record)
 -- KEYS[15] wakes       LIST  events whose waiters (ctx.wait_for_event) are still to be told
@@ -95,7 +98,14 @@ end
 jobs = jobs .. ']'
 local record = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"at_ms":' ..
   string.format('%d', now) .. ',' .. data .. ',"jobs":' .. jobs .. '}'
-redis.call('LPUSH', K.emitted, record)
+-- (pcall, set aside and pushed again: the jobs above are written, and a failure here would
+-- leave them written with no record of their event and the emit answered an error)
+local pushed = redis.pcall('LPUSH', K.emitted, record)
+if type(pushed) == 'table' and pushed.err then
+  redis.call('RENAME', K.emitted, K.emitted .. ':corrupt')
+  redis.pcall('HINCRBY', K.stats, 'corrupt|events', 1)
+  redis.call('LPUSH', K.emitted, record)
+end
 redis.call('LTRIM', K.emitted, 0, tonumber(ARGV[e + 7]) - 1)
 redis.call('PEXPIRE', K.emitted, tonumber(ARGV[e + 6]))
 if hold_key ~= '' then

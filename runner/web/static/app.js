@@ -60,6 +60,17 @@ function el(tag, attrs, ...children) {
 }
 
 // replaceChildren, with lists flattened and null, undefined and false left out (as el does).
+// The keys a read found of another Redis type ("damaged_keys": another program wrote
+// them, or damage): the server's words for each, what it holds and what to do.
+function damagedText(damaged) {
+  return (Array.isArray(damaged) ? damaged : []).map((d) => `⚠ ${textOf(d && d.detail)}`).join("\n");
+}
+
+function damagedNote(data) {
+  const text = damagedText(data && data.damaged_keys);
+  return text ? el("p", { class: "error", "data-damaged": "", text }) : null;
+}
+
 function fill(node, ...children) {
   node.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
   return node;

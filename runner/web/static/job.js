@@ -81,6 +81,7 @@ function following(job) {
   if (!joblog.started || (running && !joblog.active && !joblog.timer)) {
     joblog.started = true;
     joblog.lines = [];
+    joblog.damaged = "";
     if (running) followLog(job.id);
     else refreshLog(job.id);
   }
@@ -89,6 +90,7 @@ function following(job) {
     jobstream.parts = [];
     jobstream.count = 0;
     jobstream.cut = false;
+    jobstream.damaged = "";
     followStream(job.id);
   }
   paintLog();  // "—" until a line comes
@@ -297,7 +299,8 @@ function paintPre(field, text) {
 }
 
 const paintLog = soon(() => {
-  joblog.text = joblog.lines.length ? joblog.lines.join("\n") : "—";
+  // (a log key of another Redis type: what the server says of it, until lines come)
+  joblog.text = joblog.lines.length ? joblog.lines.join("\n") : joblog.damaged || "—";
   paintPre("log", joblog.text);
 });
 
@@ -322,6 +325,9 @@ async function followLog(id) {
           const lines = joblog.lines;
           lines.push(logLine(line));
           if (lines.length > 2 * LOG_KEEP_LINES) lines.splice(0, lines.length - LOG_KEEP_LINES);
+          paintLog();
+        } else if (event === "damaged") {
+          joblog.damaged = damagedText([JSON.parse(text)]);
           paintLog();
         } else if (event === "end") {
           // Only the job's own end ends the follow: one that ended on its time, or on a
@@ -359,6 +365,7 @@ async function refreshLog(id) {
   }
   if (id !== page.id || !got) return;
   joblog.lines = got.lines.map(logLine);
+  joblog.damaged = damagedText(got.damaged_keys);
   paintLog();
   if (!ENDED.has(got.status)) joblog.timer = setTimeout(() => refreshLog(id), LOG_EVERY_MS);
   else joblog.doneAt = performance.now();
@@ -375,7 +382,8 @@ const paintStream = soon(() => {
     jobstream.parts = [jobstream.parts[0].slice(-STREAM_KEEP_CHARS)];
     jobstream.cut = true;
   }
-  jobstream.text = jobstream.count ? (jobstream.cut ? "… (older output not shown)\n" : "") + jobstream.parts[0] : "—";
+  jobstream.text = jobstream.count ? (jobstream.cut ? "… (older output not shown)\n" : "") + jobstream.parts[0]
+    : jobstream.damaged || "—";
   paintPre("stream", jobstream.text);
   const n = $("#job-view [data-field=stream-count]");
   if (n) n.textContent = streamCount();
@@ -408,6 +416,9 @@ async function readStream(id, ctrl) {
           jobstream.parts.push(chunkText(c.data));
           jobstream.count += 1;
           after = c.r ? `${c.r}.${c.a}.${c.i}` : `${c.a}.${c.i}`;
+          paintStream();
+        } else if (event === "damaged") {
+          jobstream.damaged = damagedText([JSON.parse(text)]);
           paintStream();
         } else if (event === "end") {
           jobstream.endAt = performance.now();

@@ -352,11 +352,11 @@ async function showWorkers() {
       ? el("ul", { class: "plain" }, w.running.map((r) => el("li", {}, jobLink(r.id), ` ${r.type || ""}`,
         r.started ? el("span", { class: "muted", text: ` for ${age(Date.now() / 1000 - r.started)}` }) : null)))
       : el("span", { class: "muted", text: "idle" }))));
-  fill(view, data.workers.length
+  fill(view, damagedNote(data), data.workers.length
     ? el("table", { class: "list", id: "worker-table" },
       el("thead", {}, el("tr", {}, ["Worker", "Host", "Queues", "Concurrency", "Started", "Last seen", "Running now"].map((h) => el("th", { text: h })))),
       el("tbody", {}, rows))
-    : el("p", { class: "muted", text: "No worker is alive: jobs wait until one starts (runner worker)." }));
+    : data.damaged_keys ? null : el("p", { class: "muted", text: "No worker is alive: jobs wait until one starts (runner worker)." }));
   pages.workersTimer = setTimeout(() => pageIs("workers") && !document.hidden && quietly(showWorkers)(), 5000);
 }
 
@@ -367,10 +367,10 @@ async function showEvents() {
   const data = await api("GET", "/events?limit=100");
   if (!pageIs("events")) return;
   if (!data.events.length) {
-    fill(view, el("p", { class: "muted", text: "No event emitted lately (POST /events/{name}, runner emit)." }));
+    fill(view, damagedNote(data), el("p", { class: "muted", text: "No event emitted lately (POST /events/{name}, runner emit)." }));
     return;
   }
-  fill(view, el("table", { class: "list", id: "event-table" },
+  fill(view, damagedNote(data), el("table", { class: "list", id: "event-table" },
     el("thead", {}, el("tr", {}, ["At", "Event", "Id", "Data", "Jobs started"].map((h) => el("th", { text: h })))),
     el("tbody", {}, data.events.map((e) => el("tr", { "data-event": e.id || "" },
       el("td", { class: "nowrap", text: when(e.at ?? (e.at_ms ? e.at_ms / 1000 : e.ts)) }),
@@ -405,10 +405,10 @@ async function showAudit() {
   pages.auditNext = data.cursor;
   const view = $("#audit-view");
   if (!data.entries.length) {
-    fill(view, el("p", { class: "muted", text: "No operator action yet (requeue, delete, cancel, pause, resume, run now, trigger)." }));
+    fill(view, damagedNote(data), el("p", { class: "muted", text: "No operator action yet (requeue, delete, cancel, pause, resume, run now, trigger)." }));
     return;
   }
-  fill(view, el("table", { class: "list", id: "audit-table" },
+  fill(view, damagedNote(data), el("table", { class: "list", id: "audit-table" },
     el("thead", {}, el("tr", {}, ["At", "By", "Action", "On", "Detail"].map((h) => el("th", { text: h })))),
     el("tbody", {}, data.entries.map((e) => {
       const one = e.job_id || e.id;
