@@ -185,9 +185,9 @@ async def _checked(wait: _Wait, deadline: float) -> bool:
         if since >= READ_GRACE_S:
             task.add_done_callback(_unused)
             waited = now - deadline + READ_GRACE_S if now > deadline else READ_GRACE_S
-            raise RedisUnavailable(f"Redis did not answer a read of job {wait.job_id} within "
-                                   f"{min(since, waited):.1f} s (stopped or hung): how it is now is "
-                                   "not known; try again shortly")
+            said = TimeoutError(f"no answer to a read of job {wait.job_id} within {min(since, waited):.1f} s "
+                                "(stopped or hung)")
+            raise unreachable(said, "; how the job is now is not known") from None
         give_up_at = now + (READ_GRACE_S - since)
 
 
