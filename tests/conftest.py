@@ -182,15 +182,23 @@ class LoopTicks:
 SCAN_COUNT = 10_000
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float | None = None, what: str = "") -> Any:
+    """``pred()``'s first true value, polled until ``timeout`` s have passed. Without an
+    ``interval`` the polls come 10 ms apart at first and back off to 50 ms: most waits end
+    within a few polls, and a long one (a worker's start, a lease's lapse, a child's) polled
+    every 10 ms throughout cost a look-up in the test process and one in Redis each time,
+    CPU the run is short of."""
     deadline = time.monotonic() + timeout
+    pause = 0.01 if interval is None else interval
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or pred}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * 1.5, 0.05)
 
 
 # The long randomised runs (chaos, the hypothesis models, the API fuzz) are bounded in the
