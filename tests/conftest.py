@@ -432,12 +432,18 @@ def make_project(root: Path, server: Server, examples: bool = False) -> Project:
 
 
 @contextlib.contextmanager
-def worker_project(root: Path, server: Server, functions: dict[str, str], queue: str = "fast") -> Iterator[Project]:
+def worker_project(root: Path, server: Server, functions: dict[str, str], queue: str = "fast",
+                   concurrency: int = 8) -> Iterator[Project]:
     """One project and one worker on ``queue`` for a module's tests that read only their
     own jobs (and the counters of functions of their own), every function there before
     the worker starts (it loads them all). A worker per test (its start, imports and first
-    claim, and a first child under process isolation) was most of such a test's time."""
+    claim, and a first child under process isolation) was most of such a test's time.
+    ``concurrency``: its executor slots; with a process-isolated function among them, each
+    slot warms a child at the start (about 0.2 s of CPU each), so tests that run one job at
+    a time ask for two."""
     project = make_project(root, server)
+    if concurrency != 8:
+        project.write_config(concurrency=concurrency)
     for name, source in functions.items():
         project.add_function(name, source)
     project.spawn_worker(queue)

@@ -477,5 +477,5 @@ def durable(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterato
                "aged": AGED, "aged_rated": rated, "warm": warm}
     functions = {f"{name}_{iso_id(isolation)}": source.format(isolation=isolation)
                  for name, source in sources.items() for isolation in ISOLATIONS}
-    with worker_project(tmp_path_factory.mktemp("durable") / "project", server, functions) as project:
+    with worker_project(tmp_path_factory.mktemp("durable") / "project", server, functions, concurrency=2) as project:
         yield project

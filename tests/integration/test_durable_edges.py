@@ -266,6 +266,6 @@ def edges(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[
     functions = {"keyed": KEYED, "waits": WAITS, "deep": DEEP,
                  **{f"threaded_{name}": THREADED.format(isolation=isolation)
                     for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True)}}
-    with worker_project(tmp_path_factory.mktemp("edges") / "project", server, functions) as project, \
+    with worker_project(tmp_path_factory.mktemp("edges") / "project", server, functions, concurrency=2) as project, \
             runner_web(project, "web", workers=1) as web:
         yield project, web.url
