@@ -94,9 +94,51 @@ def compile_package() -> None:
                                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
 
 
+def rewrite_test_modules(config: pytest.Config) -> None:
+    """The test modules' assertion-rewritten bytecode, written once before the run, where
+    pytest writes it itself (``__pycache__/*-pytest-*.pyc``) on a host that does not set
+    PYTHONDONTWRITEBYTECODE. On one that does, every test process rewrote every test
+    module it collected, on every run: parsing them and rewriting their asserts was about
+    9 s of CPU of each process's 12 s of collection (four times over under ``-n 4``). The
+    processes read what is written here as pytest reads its own cache (valid while the
+    source's mtime and size match; a module edited since is rewritten as before). This
+    calls pytest's own rewriting, whose names are private: under a pytest without them,
+    each process rewrites for itself, as before."""
+    if not sys.dont_write_bytecode or config.getoption("assertmode") != "rewrite":
+        return  # pytest writes its cache itself, or rewrites nothing
+    try:
+        from _pytest.assertion import rewrite
+
+        read, make, write = rewrite._read_pyc, rewrite._rewrite_test, rewrite._write_pyc
+        cache_dir, tail, state = rewrite.get_cache_dir, rewrite.PYC_TAIL, config.stash[rewrite.assertstate_key]
+    except (ImportError, AttributeError, KeyError):
+        return
+    import fnmatch
+
+    patterns = [*config.getini("python_files"), "conftest.py"]
+    modules: set[Path] = set()
+    for arg in config.args:
+        path = config.invocation_params.dir / arg.split("::")[0]
+        if path.is_file():
+            modules |= {path, *(p / "conftest.py" for p in path.parents if (p / "conftest.py").is_file())}
+        elif path.is_dir():
+            modules |= {p for p in path.rglob("*.py")
+                        if any(fnmatch.fnmatch(p.name, pat) for pat in patterns)
+                        and not any(part.startswith(".") or part == "node_modules" for part in p.parts)}
+    for source in sorted(modules):
+        pyc = cache_dir(source) / (source.name[:-3] + tail)
+        if read(source, pyc) is not None:
+            continue  # rewritten from this very source already
+        with contextlib.suppress(OSError, SyntaxError):
+            pyc.parent.mkdir(exist_ok=True)
+            stat, code = make(source, config)
+            write(state, code, stat, pyc)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # once, in the process that starts the others
         compile_package()
+        rewrite_test_modules(config)
 
 
 @pytest.fixture(autouse=True)
@@ -140,15 +182,23 @@ class LoopTicks:
 SCAN_COUNT = 10_000
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float | None = None, what: str = "") -> Any:
+    """``pred()``'s first true value, polled until ``timeout`` s have passed. Without an
+    ``interval`` the polls come 10 ms apart at first and back off to 50 ms: most waits end
+    within a few polls, and a long one (a worker's start, a lease's lapse, a child's) polled
+    every 10 ms throughout cost a look-up in the test process and one in Redis each time,
+    CPU the run is short of."""
     deadline = time.monotonic() + timeout
+    pause = 0.01 if interval is None else interval
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or pred}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * 1.5, 0.05)
 
 
 # The long randomised runs (chaos, the hypothesis models, the API fuzz) are bounded in the
@@ -382,12 +432,18 @@ def make_project(root: Path, server: Server, examples: bool = False) -> Project:
 
 
 @contextlib.contextmanager
-def worker_project(root: Path, server: Server, functions: dict[str, str], queue: str = "fast") -> Iterator[Project]:
+def worker_project(root: Path, server: Server, functions: dict[str, str], queue: str = "fast",
+                   concurrency: int = 8) -> Iterator[Project]:
     """One project and one worker on ``queue`` for a module's tests that read only their
     own jobs (and the counters of functions of their own), every function there before
     the worker starts (it loads them all). A worker per test (its start, imports and first
-    claim, and a first child under process isolation) was most of such a test's time."""
+    claim, and a first child under process isolation) was most of such a test's time.
+    ``concurrency``: its executor slots; with a process-isolated function among them, each
+    slot warms a child at the start (about 0.2 s of CPU each), so tests that run one job at
+    a time ask for two."""
     project = make_project(root, server)
+    if concurrency != 8:
+        project.write_config(concurrency=concurrency)
     for name, source in functions.items():
         project.add_function(name, source)
     project.spawn_worker(queue)

@@ -558,7 +558,7 @@ class Child:
         global _alarmed
         _alarmed = False
         started = time.perf_counter()
-        jobs = [Claimed(*row) for row in msg["jobs"]]
+        jobs = [Claimed.from_row(row) for row in msg["jobs"]]
         outcomes: list[Any] = [None] * len(jobs)
         live: list[int] = []
         payloads: list[dict[str, Any]] = []
@@ -670,7 +670,7 @@ class Child:
         lands, so a worker lost while it waited here charges it nothing."""
         global _alarmed
         _alarmed = False
-        job = Claimed(*row)
+        job = Claimed.from_row(row)
         with self.lock:
             confirm = job.token in self.confirm
             self.confirm.discard(job.token)

@@ -12,7 +12,7 @@ import asyncio
 import operator
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -65,12 +65,24 @@ class Claimed:
     received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
 
     def as_row(self) -> tuple[Any, ...]:
-        """The job as a child process receives it: its fields in order (``Claimed(*row)``),
-        less ``received``, this host's clock."""
-        return _wire(self)
+        """The job as a child process receives it (``Claimed.from_row``): its fields in
+        order, ``received`` last as the seconds since then (its age: a clock reading means
+        nothing to another process)."""
+        return (*_wire(self), time.monotonic() - self.received)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Claimed:
+        """A job ``as_row`` sent, received when its age says. Its lease runs from the claim,
+        not from when the child got it: a job claimed while its child was still starting
+        came to it a second or so later, and a child that counted from then held a lease
+        the worker had lost (a run frozen past it went on to the next step's function
+        after another run had recorded that step)."""
+        *fields, age = row
+        return cls(**dict(zip(_WIRED, fields, strict=True)), received=time.monotonic() - float(age))
 
 
-_wire = operator.attrgetter(*(f for f in Claimed.__slots__ if f != "received"))
+_WIRED = tuple(f for f in Claimed.__slots__ if f != "received")
+_wire = operator.attrgetter(*_WIRED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ def _pids(pid: int) -> list[int]:
 def test_a_step_retried_in_a_loop_keeps_its_key_across_a_kill(project: Project, isolation: str) -> None:
     """Try 1 fails unrecorded, try 2 is killed with its worker, the next attempt's try
     succeeds: all three calls carried "<id>:pay", and the job is done on attempt 2."""
+    project.write_config(concurrency=1)  # one job: one child a worker, not eight
     project.add_function("loop", LOOP.format(isolation=isolation))
     c = project.client
     w1 = project.spawn_worker("fast")

@@ -60,7 +60,7 @@ def test_worker_waits_out_redis_refusing_writes(
     with no tracebacks, backs off and settles the running job once writes are taken
     again; producers get RedisUnavailable meanwhile."""
     with own_server(tmp_path / "redis", extra=extra) as srv:
-        p = new_project(tmp_path / "p", srv)
+        p = make_project(tmp_path / "p", srv)  # (record alone: no crash function, no child to warm)
         try:
             configure(p, vt=3, concurrency=2)
             c = p.client
@@ -92,7 +92,7 @@ def test_worker_survives_a_refused_settlement(tmp_path: Path) -> None:
     with own_server(tmp_path / "redis") as srv:
         admin = _admin(srv)
         admin.acl_setuser("w", enabled=True, passwords=["+pw"], keys=["~*"], channels=["&*"], commands=["+@all"])
-        p = new_project(tmp_path / "p", srv)
+        p = make_project(tmp_path / "p", srv)  # (record alone: no crash function, no child to warm)
         try:
             configure(p, vt=2, concurrency=2)
             c = p.client
@@ -124,7 +124,7 @@ def test_a_worker_that_cannot_record_outcomes_stops_claiming(tmp_path: Path) -> 
     each job ran once."""
     n = 400
     with own_server(tmp_path / "redis") as srv:
-        p = new_project(tmp_path / "p", srv)
+        p = make_project(tmp_path / "p", srv)  # (record alone: no crash function, no child to warm)
         try:
             configure(p, vt=2, concurrency=4, prefetch=4, batch=16)
             c = p.client

@@ -176,6 +176,7 @@ def test_a_wait_frees_the_worker_and_a_signal_resumes_it(project: Project, isola
     """The job waits (status waiting, in scheduled alone, showing what it waits for); a
     signal wakes it in the same step and the wait returns its body; a second signal of a
     finished job is refused as ended."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     project.add_function("waiter", WAITER.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")
@@ -476,5 +477,5 @@ def durable(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterato
                "aged": AGED, "aged_rated": rated, "warm": warm}
     functions = {f"{name}_{iso_id(isolation)}": source.format(isolation=isolation)
                  for name, source in sources.items() for isolation in ISOLATIONS}
-    with worker_project(tmp_path_factory.mktemp("durable") / "project", server, functions) as project:
+    with worker_project(tmp_path_factory.mktemp("durable") / "project", server, functions, concurrency=2) as project:
         yield project

@@ -48,6 +48,9 @@ def test_a_worker_frozen_past_its_lease_never_runs_a_step_recorded_since(project
     after another worker reclaimed the job and recorded the next steps: the frozen run
     sees its lease is gone before it calls the next step's function, so each step's side
     effect happened once."""
+    # One job: one child a worker, not eight. (Its child then got the job as it came up,
+    # after the claim: a child that counted the lease from then ran step b twice.)
+    project.write_config(concurrency=1)
     project.add_function("gap", GAP.format(isolation=isolation))
     c = project.client
     w1 = project.spawn_worker("fast")
@@ -266,6 +269,6 @@ def edges(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[
     functions = {"keyed": KEYED, "waits": WAITS, "deep": DEEP,
                  **{f"threaded_{name}": THREADED.format(isolation=isolation)
                     for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True)}}
-    with worker_project(tmp_path_factory.mktemp("edges") / "project", server, functions) as project, \
+    with worker_project(tmp_path_factory.mktemp("edges") / "project", server, functions, concurrency=2) as project, \
             runner_web(project, "web", workers=1) as web:
         yield project, web.url

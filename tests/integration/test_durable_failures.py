@@ -49,6 +49,7 @@ def test_a_cleanup_step_after_a_transient_error_never_takes_the_failed_step_s_pl
     """``try: step charge`` (raises a transient error on attempt 1) ``finally: step
     release``: the release runs on attempt 1 unrecorded, the retry replays reserve, runs
     charge again and release after it, and the job ends done."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     project.add_function("pay", CLEANUP.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")
@@ -67,6 +68,7 @@ def test_a_sleep_after_a_step_that_failed_unrecorded_ends_the_attempt(project: P
     """A handler that catches a step's transient error and sleeps: the sleep cannot take
     the failed step's position, so it raises AfterUnrecordedStep (transient); the retry
     runs the step again, which succeeds, and the job ends done on attempt 2."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     project.add_function("nap", SLEEP_AFTER.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")
@@ -98,7 +100,7 @@ def test_a_run_past_its_timeout_makes_no_durable_call(project: Project, isolatio
     """A handler that catches JobTimeout and goes on to a step: the step is refused
     (JobTimeout again) without running its function or writing the log; what the handler
     does with that is its own (here it returns)."""
-    project.write_config(worker="timeout_grace = 5")
+    project.write_config(worker="timeout_grace = 5", concurrency=1)  # one job: one child, not eight
     project.add_function("swallow", SWALLOW.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")

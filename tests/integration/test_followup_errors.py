@@ -58,6 +58,7 @@ def test_ctx_enqueue_raises_the_same_refusals_in_a_thread_and_a_child(project: P
     """Every refusal keeps its class and fields across the child's pipe (an idempotency
     key another payload holds is refused at the call, as an enqueue's 409), and the job
     that caught them succeeds."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     (project.root / "functions" / "chains.py").write_text(HANDLER.format(isolation=isolation))
     (project.root / "schemas" / "chains").mkdir()
     (project.root / "schemas" / "chains" / "v1.json").write_text(json.dumps({"type": "object"}))

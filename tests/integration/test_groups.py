@@ -154,6 +154,7 @@ def test_a_then_handler_reads_a_group_past_the_clients_bound(fns: Project, isola
     (ctx.iter_group_outcomes), under either isolation; the child asks its worker for one
     page at a time. Here 12 outcomes of 0.9 MB (two pages), the group's byte count past
     64 MiB."""
+    fns.write_config(concurrency=2)  # two children (one then-job, twelve small members), not eight
     write(fns, "bigpart", BIG_PART)
     write(fns, "readall", READ_ALL.format(isolation='ISOLATION = "process"' if isolation == "process" else ""))
     c, r = fns.client, fns.runtime.redis

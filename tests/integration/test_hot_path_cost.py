@@ -141,6 +141,7 @@ def test_a_step_log_built_at_the_first_durable_call_keeps_the_handlers_thread_as
         project: Project, isolation: str) -> None:
     """Built at the first durable call, it still belongs to the thread that runs the
     handler: the step lands, and a step from a thread the handler started is refused."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     project.add_function("durable_cost", DURABLE.format(isolation=isolation), SCHEMA)
     c = project.client
     project.spawn_worker("fast")

@@ -103,9 +103,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
 @pytest.fixture(scope="module")
 def bounded(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
     """The shared project whose logs keep 50 lines (1 MiB), visibility 30 s (floods, and
-    2,000 lines: a renewal starved on a loaded machine must start no second run)."""
+    2,000 lines: a renewal starved on a loaded machine must start no second run), two
+    executor slots (its tests run one job at a time; each process slot warms a child)."""
     yield from _shared(tmp_path_factory.mktemp("bounded"), server, _both("logger", LOGGER),
-                       "lines = 50, bytes = 1048576", vt=30)
+                       "lines = 50, bytes = 1048576", vt=30, concurrency=2)
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +114,10 @@ def roomy(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[
     """The shared project whose logs keep 100,000 lines (16 MiB), visibility 30 s (a
     renewal starved on a loaded machine must not start a second run beside the first: its
     lines would be lines of the log too), its worker's own output at WARNING (the lines
-    are not echoed there)."""
+    are not echoed there), two executor slots (one job at a time)."""
     functions = {**_both("tenk", TEN_THOUSAND), "ticker": TICKER}
     yield from _shared(tmp_path_factory.mktemp("roomy"), server, functions, "lines = 100000, bytes = 16777216",
-                       env={"RUNNER_LOG_LEVEL": "WARNING"}, vt=30)
+                       env={"RUNNER_LOG_LEVEL": "WARNING"}, vt=30, concurrency=2)
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])

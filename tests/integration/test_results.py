@@ -84,6 +84,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
     for isolation in ("thread", "process"):
         _add_returns(project, isolation, f"returns_{isolation}")
         _add_saves(project, isolation, f"saves_{isolation}")
+    project.write_config(concurrency=2)  # each test's job or two: two children, not eight
     project.spawn_worker("fast")
     yield project
     project.close()

@@ -126,6 +126,7 @@ def test_a_workers_log_lines_and_stream_chunks_carry_the_servers_time(project: P
     """A worker 2 h ahead: its job's log lines (ctx.logger, and a child's stdout) and its
     stream's chunks are stamped with the server's time, as every time shown (they showed
     the host's, 2 h off)."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     project.add_function("logger", LOGGER.format(isolation=isolation))
     c = project.client
     before = _server_s(project)

@@ -39,6 +39,7 @@ def test_a_sleeping_job_keeps_its_state_hash_compact(project: Project, isolation
     """A job that recorded one step (a small result) and went to sleep: its state hash,
     the step log with it, is a listpack. An entry over 64 bytes would make it a hash
     table, about three times the bytes for every sleeping job."""
+    project.write_config(concurrency=1)  # one job: one child, not eight
     project.add_function("typical", TYPICAL.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")

@@ -29,7 +29,7 @@ def waiting(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterato
     worker per test, and a first child for each process test, was most of their time."""
     functions = {f"waiter_{name}": ORDER_PAID_WAITER.format(isolation=isolation)
                  for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True)}
-    with worker_project(tmp_path_factory.mktemp("waiting") / "project", server, functions) as project:
+    with worker_project(tmp_path_factory.mktemp("waiting") / "project", server, functions, concurrency=2) as project:
         yield project
 
 
