@@ -319,3 +319,18 @@ def slow_master(servers: list[Server], slow: Server, delay_s: float) -> Iterator
             direct.config_set("cluster-announce-port", 0)
         direct.close()
         proxy.close()
+
+
+def slot_master(port: int, slot: int) -> int:
+    """The port of the master of ``slot`` in the CLUSTER SLOTS of the node on ``port`` (0
+    when it does not answer within a second: a stalled node is asked once, not retried)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    c = redis.Redis(port=port, decode_responses=True, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+    try:
+        return next((int(r[2][1]) for r in c.cluster("slots") if r[0] <= slot <= r[1]), 0)
+    except redis.RedisError:
+        return 0
+    finally:
+        c.close()

@@ -16,25 +16,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import redis
-from clusterkit import cluster_url, local_cluster, replicas_connected
+from clusterkit import cluster_url, local_cluster, replicas_connected, slot_master
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from runner.store.embedded import Server
 
 from conftest import Endpoint, Project, make_project, wait_for
-
-
-def _slot_master(port: int, slot: int) -> int:
-    """The port of the master of ``slot`` in the CLUSTER SLOTS of the node on ``port`` (0
-    when it does not answer)."""
-    c = redis.Redis(port=port, decode_responses=True, socket_timeout=1, retry=Retry(NoBackoff(), 0))
-    try:
-        return next((int(r[2][1]) for r in c.cluster("slots") if r[0] <= slot <= r[1]), 0)
-    except redis.RedisError:
-        return 0
-    finally:
-        c.close()
 
 
 class _Producer:
@@ -79,7 +67,7 @@ def _first_accepted_after(producer: _Producer, witness: Server, victim: Server, 
     while time.monotonic() - t0 < 40 and not (at and time.monotonic() - t0 > at + limit_s):
         if callable(on_tick):
             on_tick()
-        if not at and _slot_master(witness.port, producer.slot) not in (0, victim.port):
+        if not at and slot_master(witness.port, producer.slot) not in (0, victim.port):
             at = time.monotonic() - t0
         t = time.monotonic() - t0
         outcome = producer.enqueue()
@@ -173,7 +161,7 @@ def test_a_master_held_by_a_long_script_is_learnt_replaced(tmp_path: Path) -> No
                 while not stop.is_set():
                     if not busy[0] and _answers_busy(victim):
                         busy[0] = time.monotonic() - t0
-                    if not at and _slot_master(witness.port, producer.slot) not in (0, victim.port):
+                    if not at and slot_master(witness.port, producer.slot) not in (0, victim.port):
                         at = time.monotonic() - t0
                     stop.wait(0.05)
 

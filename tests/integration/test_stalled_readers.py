@@ -27,6 +27,7 @@ from clusterkit import (  # noqa: F401  (the shards fixtures)
     shard_project,
     shard_set,
     shards_fixture,
+    slot_master,
 )
 
 from runner.store.embedded import Server
@@ -783,20 +784,6 @@ def test_readers_during_a_plain_stall_read_the_layout_about_once_a_second(sproje
     assert max(took) < 1.0, took
 
 
-def _slot_master(port: int, slot: int) -> int:
-    """The port of the master of ``slot`` in the CLUSTER SLOTS of the node on ``port`` (0
-    when it does not answer)."""
-    import redis
-
-    c = redis.Redis(port=port, decode_responses=True, socket_timeout=1)
-    try:
-        return next((int(r[2][1]) for r in c.cluster("slots") if r[0] <= slot <= r[1]), 0)
-    except redis.RedisError:
-        return 0
-    finally:
-        c.close()
-
-
 def _whole(got: Any) -> bool:
     """An answer of GET /queues with every partition in it."""
     return bool(got.status_code == 200 and "left_out" not in got.json)
@@ -898,7 +885,7 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
             try:
                 at = 0.0
                 while time.monotonic() - t0 < 40 and not (at and (answering(at) or time.monotonic() - t0 > at + 6)):
-                    if not at and _slot_master(witness.port, slot) not in (0, victim.port):
+                    if not at and slot_master(witness.port, slot) not in (0, victim.port):
                         at = time.monotonic() - t0  # (the promotion shows in a live master's CLUSTER SLOTS)
                     time.sleep(0.05)
                 stop.set()
