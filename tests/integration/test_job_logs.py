@@ -151,7 +151,10 @@ class _Monitor:
 
     def __init__(self, redis: Any) -> None:
         import threading
+        import uuid
 
+        self.redis = redis
+        self.marker = f"monitor-end-{uuid.uuid4().hex}"
         self.conn = redis.connection_pool.make_connection()
         self.conn.connect()
         self.conn.send_command("MONITOR")
@@ -162,12 +165,21 @@ class _Monitor:
         self.thread.start()
 
     def _read(self) -> None:
-        while not self.stop.is_set():
+        # Once stopped, what the server ran before is still read (a loaded host's reader
+        # lags the server): up to the marker close() sends, at most 10 s more.
+        end = None
+        while end is None or time.monotonic() < end:
+            if self.stop.is_set() and end is None:
+                end = time.monotonic() + 10
             if self.conn.can_read(timeout=0.05):
                 got = self.conn.read_response()
-                self.lines.append(got.decode() if isinstance(got, bytes) else str(got))
+                line = got.decode() if isinstance(got, bytes) else str(got)
+                self.lines.append(line)
+                if self.marker in line:
+                    return
 
     def close(self) -> list[str]:
+        self.redis.echo(self.marker)
         self.stop.set()
         self.thread.join()
         self.conn.disconnect()

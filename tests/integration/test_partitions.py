@@ -186,7 +186,8 @@ def test_an_idle_worker_wakes_for_any_partition(pproject: Project) -> None:
         t0 = time.monotonic()
         job = c.enqueue("record", {"n": i})
         assert c.wait(job.id, timeout_s=5).status == "done"
-        assert time.monotonic() - t0 < 0.6, f"job {i} waited a poll"
+        # (A poll's round is bell.BELL_S, 1 s; a wake on a loaded host took 0.65 s once.)
+        assert time.monotonic() - t0 < 0.9, f"job {i} waited a poll"
         seen.add(_done_partition(p, job.id))
     assert len(seen) == 6
 
