@@ -277,20 +277,7 @@ def test_a_handlers_own_client_reaches_the_server_its_worker_runs_on(tmp_path: P
         (root / "schemas" / f"probe_{isolation}" / "v1.json").write_text('{"type": "object"}')
     env = user_env(root)
     dev = Dev(root, env, args=("--embedded",))
-    try:
-        embedded = session(root)["url"]
-        for n, isolation in enumerate(("thread", "process"), start=1):
-            enq = cli(root, env, "enqueue", f"probe_{isolation}", json.dumps(email(n)), "--json")
-            assert enq.returncode == 0, enq.stderr
-            probe = dev.finished(json.loads(enq.stdout)["id"], timeout=30)
-            assert probe["status"] == "done", (isolation, probe.get("last_error"))
-            assert probe["result"]["url"] == embedded, (isolation, probe["result"], foreign.url)
-            assert dev.finished(probe["result"]["id"])["status"] == "done", isolation
-    finally:
-        assert dev.stop() == 0
-    r = redis.Redis.from_url(foreign.url)
-    assert sorted(r.scan_iter("runner:*")) == [f"runner:{{fast}}:job:old{i}".encode() for i in range(3)]
-    r.close()
+    _probes_reach_dev(root, env, dev, foreign)
 
 
 def test_under_dev_embedded_with_redis_url_set_thread_and_process_handlers_reach_devs_server(
@@ -306,20 +293,7 @@ def test_under_dev_embedded_with_redis_url_set_thread_and_process_handlers_reach
         (root / "schemas" / f"probe_{isolation}" / "v1.json").write_text('{"type": "object"}')
     env = user_env(root)
     dev = Dev(root, user_env(root, REDIS_URL=foreign.url), args=("--embedded",))
-    try:
-        embedded = session(root)["url"]
-        for n, isolation in enumerate(("thread", "process"), start=1):
-            enq = cli(root, env, "enqueue", f"probe_{isolation}", json.dumps(email(n)), "--json")
-            assert enq.returncode == 0, enq.stderr
-            probe = dev.finished(json.loads(enq.stdout)["id"], timeout=30)
-            assert probe["status"] == "done", (isolation, probe.get("last_error"))
-            assert probe["result"]["url"] == embedded, (isolation, probe["result"], foreign.url)
-            assert dev.finished(probe["result"]["id"])["status"] == "done", isolation
-    finally:
-        assert dev.stop() == 0
-    r = redis.Redis.from_url(foreign.url)
-    assert sorted(r.scan_iter("runner:*")) == [f"runner:{{fast}}:job:old{i}".encode() for i in range(3)]
-    r.close()
+    _probes_reach_dev(root, env, dev, foreign)
 
 
 PASSWORD = "Pw-only-in-runner-toml"
@@ -550,3 +524,22 @@ def test_dashboard_says_the_function_dead_count_is_cumulative(project: Project) 
     with gunicorn(project) as web:
         page = web.get("/").text
     assert "Dead-lettered (all time)" in page
+
+
+def _probes_reach_dev(root: Path, env: dict[str, str], dev: Dev, foreign: Server) -> None:
+    """A thread and a process probe's own clients reach dev's embedded server (each one's
+    job done there), and the foreign server keeps only its three old keys."""
+    try:
+        embedded = session(root)["url"]
+        for n, isolation in enumerate(("thread", "process"), start=1):
+            enq = cli(root, env, "enqueue", f"probe_{isolation}", json.dumps(email(n)), "--json")
+            assert enq.returncode == 0, enq.stderr
+            probe = dev.finished(json.loads(enq.stdout)["id"], timeout=30)
+            assert probe["status"] == "done", (isolation, probe.get("last_error"))
+            assert probe["result"]["url"] == embedded, (isolation, probe["result"], foreign.url)
+            assert dev.finished(probe["result"]["id"])["status"] == "done", isolation
+    finally:
+        assert dev.stop() == 0
+    r = redis.Redis.from_url(foreign.url)
+    assert sorted(r.scan_iter("runner:*")) == [f"runner:{{fast}}:job:old{i}".encode() for i in range(3)]
+    r.close()
